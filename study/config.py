@@ -1,0 +1,396 @@
+"""Configuration schema (torch-free, so analysis and spec checks never import torch), trial identity, and
+YAML / dotted-key loading.
+
+Every config is a pydantic dataclass that forbids unknown keys; impossible values raise ValueError naming the
+dotted key, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import TypeAdapter, ValidationError
+from pydantic.dataclasses import dataclass as pdataclass
+
+from study.tasks import maze, sudoku
+
+RULES = ("carry_last", "infiloop", "full_attnres", "damped")
+PLACEMENTS = ("none", "inner", "outer", "both")
+TASKS = ("sudoku", "maze", "state_tracking")
+Rule = Literal["carry_last", "infiloop", "full_attnres", "damped"]
+Placement = Literal["none", "inner", "outer", "both"]
+
+
+@pdataclass(config={"extra": "forbid"})
+class CarryConfig:
+    """The loop rule and where it goes. Axes not named by `placement` use carry_last.
+
+    reset_inner: whether the inner axis's InfiLoop accumulators (log D, h) restart at every outer cycle. Default
+    False: the inner axis keeps one decayed history over the whole rollout. Resetting would make the first inner
+    step of each cycle a hard carry-last (gamma = 1) and throw away the accumulated evidence.
+    """
+
+    rule: Rule = "carry_last"
+    placement: Placement = "both"
+    beta_init: float = 0.55
+    learn_beta: bool = True
+    content_score: bool = True
+    clip: float = 8.0
+    reset_inner: bool = False
+
+    def __post_init__(self):
+        if self.rule not in RULES:
+            raise ValueError(f"model.carry.rule={self.rule!r} is not allowed; use one of {RULES}")
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"model.carry.placement={self.placement!r} is not allowed; use one of {PLACEMENTS}")
+        if not self.beta_init > 0:
+            raise ValueError(f"model.carry.beta_init={self.beta_init} is not allowed; beta must be > 0")
+        if not self.clip > 0:
+            raise ValueError(f"model.carry.clip={self.clip} is not allowed; it must be > 0")
+
+    def rule_for(self, axis: str) -> str:
+        """The rule applied on `axis` ('inner', 'outer' or 'flat')."""
+        if axis == "flat":
+            return self.rule
+        return self.rule if self.placement in (axis, "both") else "carry_last"
+
+
+
+
+@pdataclass(config={"extra": "forbid"})
+class HaltingConfig:
+    """enabled: halted samples freeze (state and effective layers). FPOpt's eta runs either way (damped rule)."""
+
+    enabled: bool = False
+    tau: float = 0.1
+    gamma: float = 0.9
+    patience: int = 5
+    eta0: float = 1.0
+    eta_min: float = 1e-3
+    eps: float = 1e-6
+
+    def __post_init__(self):
+        if not self.tau > 0:
+            raise ValueError(f"model.halting.tau={self.tau} is not allowed; tau must be > 0")
+        if not 0 < self.gamma <= 1:
+            raise ValueError(f"model.halting.gamma={self.gamma} is not allowed; it must lie in (0, 1]")
+        if self.patience < 1:
+            raise ValueError(f"model.halting.patience={self.patience} is not allowed; it must be >= 1")
+        if not 0 < self.eta0 <= 1:
+            raise ValueError(f"model.halting.eta0={self.eta0} is not allowed; it must lie in (0, 1]")
+
+
+
+
+@pdataclass(config={"extra": "forbid"})
+class ModelConfig:
+    """Everything that defines a reasoner except the task's vocab, length and grid (known at build time).
+
+    H: steps per update (outer cycles for nested, iterations for flat). L: inner cycles (nested only).
+    grad_steps: steps per update that get gradient (TRM: 1; FPRM's truncated BPTT: k = 6).
+    """
+
+    kind: Literal["nested", "flat"] = "nested"
+    hidden: int = 64
+    heads: int = 4
+    n_layers: int = 2
+    expansion: float = 4.0
+    norm: Literal["pre", "post"] = "post"
+    conv: bool = True
+    residual_scaling: bool = False
+    a1_init: float = 0.75
+    a2_init: float = 0.25
+    H: int = 3
+    L: int = 6
+    grad_steps: int = 1
+    carry: CarryConfig = field(default_factory=CarryConfig)
+    halting: HaltingConfig = field(default_factory=HaltingConfig)
+
+    def __post_init__(self):
+        if self.kind not in ("nested", "flat"):
+            raise ValueError(f"model.kind={self.kind!r} is not allowed; use 'nested' or 'flat'")
+        for name in ("hidden", "heads", "n_layers", "H", "L", "grad_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"model.{name}={getattr(self, name)} is not allowed; it must be >= 1")
+        if self.grad_steps > self.H:
+            raise ValueError(f"model.grad_steps={self.grad_steps} is not allowed; it must be <= model.H={self.H}")
+        if self.norm not in ("pre", "post"):
+            raise ValueError(f"model.norm={self.norm!r} is not allowed; use one of 'pre', 'post'")
+        if self.hidden % self.heads:
+            raise ValueError(f"model.hidden={self.hidden} must be divisible by model.heads={self.heads}")
+        for name in ("a1_init", "a2_init"):
+            v = getattr(self, name)
+            if not 0.0 <= v < 1.0:
+                raise ValueError(f"model.{name}={v} is not allowed; it must lie in [0, 1)")
+        if self.residual_scaling and self.norm != "pre":
+            raise ValueError("model.residual_scaling=True needs model.norm='pre' (FPRM's pre-norm scaling)")
+
+    @property
+    def layers_per_step(self) -> int:
+        """Executed layers per outer cycle (nested) or per iteration (flat)."""
+        return (self.L + 1) * self.n_layers if self.kind == "nested" else self.n_layers
+
+    @property
+    def layers_per_update(self) -> int:
+        return self.H * self.layers_per_step
+
+    def steps_for_depth(self, depth_layers: int, what: str = "depth") -> int:
+        """Whole steps that execute exactly `depth_layers` layers; ValueError naming the nearest valid depths."""
+        per = self.layers_per_step
+        if depth_layers < per or depth_layers % per:
+            lo = (depth_layers // per) * per
+            nearest = [v for v in (lo, lo + per) if v >= per]
+            raise ValueError(
+                f"{what}={depth_layers} layers is not a whole number of "
+                f"{'outer cycles' if self.kind == 'nested' else 'iterations'} of {per} layers "
+                f"(L={self.L}, n_layers={self.n_layers}); nearest valid depths: {nearest}"
+            )
+        return depth_layers // per
+
+
+
+
+@pdataclass(config={"extra": "forbid"})
+class TaskConfig:
+    """name: sudoku | maze | state_tracking. size: board side (sudoku 4/6/9, maze N). blanks: [min, max] blanks
+    per sudoku (test_blanks: another range for the test set). csv / test_csv: Sudoku-Extreme files instead of
+    generated puzzles. data_seed fixes the data for every trial seed (the trial seed drives init and order)."""
+
+    name: Literal["sudoku", "maze", "state_tracking"] = "sudoku"
+    size: int = 4
+    blanks: tuple[int, int] = (8, 10)
+    test_blanks: tuple[int, int] | None = None
+    min_path: int = 10
+    loop_frac: float = 0.1
+    group: Literal["S5", "A5"] = "A5"
+    length: int = 16
+    n_train: int = 2000
+    n_test: int = 256
+    data_seed: int = 0
+    augment: bool = True
+    csv: str | None = None
+    test_csv: str | None = None
+    cache_dir: str | None = None
+
+    def __post_init__(self):
+        if self.name not in TASKS:
+            raise ValueError(f"task.name={self.name!r} is not allowed; use one of {TASKS}")
+        if self.name == "sudoku":
+            if self.size not in sudoku.BOXES:
+                raise ValueError(f"task.size={self.size} is not allowed for sudoku; use one of "
+                                 f"{sorted(sudoku.BOXES)}")
+            for rng in (self.blanks, self.test_blanks or self.blanks):
+                if rng[0] > rng[1]:
+                    raise ValueError(f"task.blanks={list(rng)} is not allowed; min must not exceed max")
+                for b in rng:
+                    sudoku.check_blanks(self.size, b)
+        elif self.name == "maze":
+            if self.size < 5:
+                raise ValueError(f"task.size={self.size} is not allowed for maze; it must be >= 5")
+            if not 2 <= self.min_path <= maze.max_path(self.size):
+                raise ValueError(f"task.min_path={self.min_path} cannot be reached on a {self.size}x{self.size} "
+                                 f"maze; allowed: 2..{maze.max_path(self.size)}")
+        elif self.length < 1:
+            raise ValueError(f"task.length={self.length} is not allowed; it must be >= 1")
+        for name in ("n_train", "n_test"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"task.{name}={getattr(self, name)} is not allowed; it must be >= 1")
+
+
+
+
+@pdataclass(config={"extra": "forbid"})
+class TrainConfig:
+    """steps: optimizer steps (each batch gives n_sup of them). device/dtype: 'cpu'|'cuda', 'fp32'|'bf16'."""
+
+    steps: int = 600
+    batch_size: int = 64
+    lr: float = 1e-3
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    warmup: int = 50
+    n_sup: int = 4
+    grad_clip: float = 1.0
+    ema: float = 0.999
+    loss: Literal["softmax", "stablemax"] = "softmax"
+    device: str = "cpu"
+    dtype: Literal["fp32", "bf16"] = "fp32"
+    threads: int = 0  # torch CPU threads; 0 leaves torch's default
+    log_every: int = 50
+    checkpoint_every: int = 0  # batches between checkpoints; 0: only at the end
+
+    def __post_init__(self):
+        for name in ("steps", "batch_size", "n_sup"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"train.{name}={getattr(self, name)} is not allowed; it must be >= 1")
+        if not self.lr > 0:
+            raise ValueError(f"train.lr={self.lr} is not allowed; it must be > 0")
+        if not 0 <= self.ema < 1:
+            raise ValueError(f"train.ema={self.ema} is not allowed; it must lie in [0, 1)")
+        if not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise ValueError(f"train.device={self.device!r} is not allowed; use 'cpu' or 'cuda[:N]'")
+
+
+
+
+@pdataclass(config={"extra": "forbid"})
+class EvalConfig:
+    """depths: executed layers at which to read accuracy (each a whole number of outer cycles / iterations).
+    H, L: evaluate with other cycle counts than training (the papers evaluate H6 L12); None keeps training's.
+    halting: override model.halting.enabled. stability: (u1, u2) updates. perturb_update: update at which the
+    state is perturbed (None: no perturbation test)."""
+
+    depths: list[int] | None = None
+    H: int | None = None
+    L: int | None = None
+    halting: bool | None = None
+    n_test: int | None = None
+    batch_size: int = 256
+    stability: tuple[int, int] | None = None
+    align_window: int = 6
+    perturb_update: int | None = None
+    perturb_eps: list[float] = field(default_factory=lambda: [0.0, 1e-4, 1e-3, 1e-2, 0.1, 0.3])
+    perturb_updates: int = 36
+    perturb_n: int = 64
+
+    def __post_init__(self):
+        if self.depths is not None and (not self.depths or min(self.depths) < 1):
+            raise ValueError(f"eval.depths={self.depths} is not allowed; give positive layer counts")
+        if self.stability is not None and not 0 < self.stability[0] < self.stability[1]:
+            raise ValueError(f"eval.stability={list(self.stability)} is not allowed; need 0 < u1 < u2")
+        if any(e < 0 for e in self.perturb_eps):
+            raise ValueError(f"eval.perturb_eps={self.perturb_eps} is not allowed; sizes must be >= 0")
+
+    def model_config(self, trained: ModelConfig) -> ModelConfig:
+        """The configuration the evaluation runs: training's with H, L and halting overridden."""
+        changes = {k: getattr(self, k) for k in ("H", "L") if getattr(self, k) is not None}
+        if self.halting is not None:
+            changes["halting"] = dataclasses.replace(trained.halting, enabled=self.halting)
+        if changes.get("H") is not None and trained.grad_steps > changes["H"]:
+            changes["grad_steps"] = changes["H"]
+        return dataclasses.replace(trained, **changes)
+
+    def resolved_depths(self, cfg: ModelConfig) -> list[int]:
+        """The depth targets, checked against cfg; default: 1, 2, 4 and 8 updates."""
+        depths = self.depths or [cfg.layers_per_update * k for k in (1, 2, 4, 8)]
+        for d in depths:
+            cfg.steps_for_depth(d, "eval.depths")
+        return sorted(set(depths))
+
+
+@pdataclass(config={"extra": "forbid"})
+class TrialConfig:
+    task: TaskConfig = field(default_factory=TaskConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    seed: int = 0
+
+    def __post_init__(self):
+        # depth targets must be whole outer cycles of the *evaluated* model: fail before training starts
+        self.eval.resolved_depths(self.eval.model_config(self.model))
+
+
+# Fields that do not change a trial's results, so they stay out of its identity.
+NON_IDENTITY = {("task", "cache_dir"), ("train", "log_every"), ("train", "checkpoint_every"), ("train", "threads")}
+
+
+def to_dict(cfg: TrialConfig) -> dict[str, Any]:
+    return json.loads(json.dumps(dataclasses.asdict(cfg)))
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{'model': {'carry': {'rule': x}}} -> {'model.carry.rule': x}."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def set_dotted(d: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    for p in parts[:-1]:
+        d = d.setdefault(p, {})
+        if not isinstance(d, dict):
+            raise ValueError(f"{key}: {p} is not a section")
+    d[parts[-1]] = value
+
+
+def trial_id(cfg: TrialConfig) -> str:
+    """Short hash of the resolved config (seed included), without fields that cannot change results."""
+    d = to_dict(cfg)
+    for section, name in NON_IDENTITY:
+        d[section].pop(name, None)
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def describe_error(err: ValidationError, source: str) -> str:
+    """One line per problem: file, dotted key, what is wrong."""
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"] if not isinstance(p, int) or True)
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden" or "unexpected keyword" in msg:
+            msg = "unknown key"
+        if e["type"] == "literal_error" and "expected" in e.get("ctx", {}):
+            msg = f"{e.get('input')!r} is not allowed; allowed: {e['ctx']['expected']}"
+        lines.append(f"{source}: {loc or '(top level)'}: {msg}")
+    return "\n".join(lines)
+
+
+class ConfigError(ValueError):
+    """A configuration problem, with the file and key in the message."""
+
+
+def build_trial(data: dict[str, Any], source: str = "<config>") -> TrialConfig:
+    try:
+        return TypeAdapter(TrialConfig).validate_python(data)
+    except ValidationError as e:
+        raise ConfigError(describe_error(e, source)) from None
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    """['model.carry.rule=infiloop', 'train.steps=10'] -> nested dict (values parsed as YAML scalars)."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise ConfigError(f"override {pair!r} must look like key=value (e.g. model.carry.rule=infiloop)")
+        k, v = pair.split("=", 1)
+        set_dotted(out, k.strip(), yaml.safe_load(v))
+    return out
+
+
+def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"{path}: no such file")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    return data
+
+
+def load_trial(path: str | Path, overrides: list[str] | None = None) -> TrialConfig:
+    """A trial config from YAML (sections task/model/train/eval/seed) plus dotted key=value overrides."""
+    data = merge(load_yaml(path), parse_overrides(overrides or []))
+    return build_trial(data, str(path))

@@ -1,0 +1,325 @@
+"""Evaluation at test-time depth (methods.md sections 6-7).
+
+One rollout per batch to the deepest target, with a reading each time the rollout passes a target depth (never
+re-run from scratch per depth). Along the way, per update (H steps): predictions and, for InfiLoop axes, the step
+size gamma_t and content score s_t, from which the diagnostics are computed: stability between two updates,
+gamma aligned to the solving update, content score against wrong cells, residual / eta trajectories. The
+perturbation test restarts from a snapshot at update u with noise of relative size eps, all eps in one batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from study.config import EvalConfig, ModelConfig
+from study.models.reasoner import LoopState, Reasoner, build_reasoner
+from study.tasks import Split, accuracies
+from study.tasks.loader import Task
+
+
+@dataclass
+class DepthRow:
+    depth_layers: int
+    outer_cycles: int
+    difficulty: int | None  # None: all samples
+    n: int
+    exact_acc: float
+    cell_acc: float
+    halted_frac: float
+    eff_layers: float
+
+
+@dataclass
+class DynamicsRow:
+    """kind: 'update' (per update), 'stability' (u1 -> u2 summary; update = u2, from_update = u1),
+    'aligned' (gamma around the solving update; offset), 'score_vs_wrong' (score by wrong cells)."""
+
+    kind: str
+    axis: str
+    update: int | None = None
+    from_update: int | None = None
+    offset: int | None = None
+    wrong_cells: float | None = None
+    gamma_mean: float | None = None
+    gamma_p10: float | None = None
+    gamma_p90: float | None = None
+    score_median: float | None = None
+    score_p25: float | None = None
+    score_p75: float | None = None
+    changed: float | None = None
+    wrong_delta: float | None = None
+    flipped: float | None = None
+    solved: float | None = None
+    lost: float | None = None
+    residual_mean: float | None = None
+    eta_mean: float | None = None
+    n: int = 0
+
+
+@dataclass
+class PerturbationRow:
+    eps: float
+    update: int
+    updates_after: int
+    n_solved: int
+    solved_kept: float
+    rel_distance: float
+
+
+@dataclass
+class EvalResult:
+    depth: list[DepthRow]
+    dynamics: list[DynamicsRow]
+    perturbation: list[PerturbationRow]
+
+
+@dataclass
+class Trajectory:
+    """Per-update records over the evaluation set: preds (U, N, S), gamma / score (axis -> (U, N)),
+    residual and eta (U, N). Update u is index u - 1."""
+
+    preds: np.ndarray
+    labels: np.ndarray
+    free: np.ndarray  # (N, S) cells to be filled (sudoku blanks; every scored cell elsewhere)
+    gamma: dict[str, np.ndarray] = field(default_factory=dict)
+    score: dict[str, np.ndarray] = field(default_factory=dict)
+    residual: np.ndarray | None = None
+    eta: np.ndarray | None = None
+
+
+def infiloop_axes(model: Reasoner) -> list[str]:
+    return [axis for axis in ("outer", "inner") if getattr(getattr(model, f"carry_{axis}", None), "name", "")
+            == "infiloop"]
+
+
+def axis_state(state: LoopState, axis: str):
+    return state.outer if axis == "outer" else state.inner
+
+
+# -- the rollout -------------------------------------------------------------------------------------------------
+@torch.no_grad()
+def evaluate(model: Reasoner, task: Task, cfg: EvalConfig, device: str = "cpu") -> EvalResult:
+    """Readings at every target depth from one rollout per batch, plus the diagnostics."""
+    mcfg = cfg.model_config(model.cfg)
+    if mcfg != model.cfg:  # same weights, other cycle counts / halting
+        spec = task.spec
+        evm = build_reasoner(mcfg, spec.vocab, spec.seq_len, spec.grid)
+        evm.load_state_dict(model.state_dict())
+        model = evm
+    model = model.to(device).eval()
+    depths = cfg.resolved_depths(mcfg)
+    target_steps = {mcfg.steps_for_depth(d): d for d in depths}
+    H = mcfg.H
+    last_update = max(target_steps) // H
+    if cfg.stability:
+        last_update = max(last_update, cfg.stability[1])
+    total_steps = max(max(target_steps), last_update * H)
+    data = task.test if cfg.n_test is None else task.test.take(slice(0, cfg.n_test))
+    axes = infiloop_axes(model)
+
+    readings: dict[int, list[tuple]] = {d: [] for d in depths}
+    traj_parts: list[dict] = []
+    snapshots: list[tuple[LoopState, torch.Tensor, Split]] = []
+    for start in range(0, len(data), cfg.batch_size):
+        batch = data.take(slice(start, start + cfg.batch_size))
+        tokens = torch.as_tensor(batch.inputs, device=device)
+        x = model.embed(tokens)
+        state = model.init_state(x)
+        part = {"preds": [], "residual": [], "eta": [], **{f"gamma_{a}": [] for a in axes},
+                **{f"score_{a}": [] for a in axes}}
+        for step in range(1, total_steps + 1):
+            state = model.step(state, x)
+            if step in target_steps:
+                pred = model.logits(state).argmax(-1).cpu().numpy()
+                readings[target_steps[step]].append(
+                    (pred, state.halt.halted.cpu().numpy(), state.halt.eff_layers.cpu().numpy()))
+            if step % H == 0 and step // H <= last_update:
+                part["preds"].append(model.logits(state).argmax(-1).to(torch.int16).cpu().numpy())
+                part["residual"].append(state.halt.residual.cpu().numpy())
+                part["eta"].append(state.halt.eta.cpu().numpy())
+                for a in axes:
+                    aux = axis_state(state, a).aux
+                    part[f"gamma_{a}"].append(aux["gamma"].mean((1, 2)).cpu().numpy())
+                    part[f"score_{a}"].append(aux["score"].flatten(1).median(1).values.cpu().numpy())
+            if cfg.perturb_update and step == cfg.perturb_update * H and start == 0:
+                k = min(cfg.perturb_n, len(batch))
+                snapshots.append((state.map(lambda t, k=k: t[:k].clone()), x[:k], batch.take(slice(0, k))))
+        traj_parts.append({k: np.stack(v, 0) for k, v in part.items() if v})
+
+    depth_rows = depth_table(readings, data, target_steps, mcfg)
+    traj = Trajectory(
+        preds=np.concatenate([p["preds"] for p in traj_parts], 1),
+        labels=data.labels,
+        free=task_free_cells(task, data),
+        gamma={a: np.concatenate([p[f"gamma_{a}"] for p in traj_parts], 1) for a in axes},
+        score={a: np.concatenate([p[f"score_{a}"] for p in traj_parts], 1) for a in axes},
+        residual=np.concatenate([p["residual"] for p in traj_parts], 1),
+        eta=np.concatenate([p["eta"] for p in traj_parts], 1),
+    )
+    dynamics = dynamics_rows(traj, axes or ["none"], cfg)
+    perturbation = []
+    if snapshots:
+        snap, x, batch = snapshots[0]
+        perturbation = perturbation_rows(model, snap, x, batch, cfg)
+    return EvalResult(depth_rows, dynamics, perturbation)
+
+
+def task_free_cells(task: Task, data: Split) -> np.ndarray:
+    if task.cfg.name == "sudoku":
+        return data.inputs == 1  # blank token
+    return data.labels >= 0
+
+
+def depth_table(readings: dict[int, list[tuple]], data: Split, target_steps: dict[int, int],
+                mcfg: ModelConfig) -> list[DepthRow]:
+    rows = []
+    steps_of = {d: s for s, d in target_steps.items()}
+    for depth, parts in readings.items():
+        pred = np.concatenate([p[0] for p in parts])
+        halted = np.concatenate([p[1] for p in parts])
+        eff = np.concatenate([p[2] for p in parts])
+        exact, cell = accuracies(pred, data.labels)
+        cycles = steps_of[depth]  # outer cycles (nested) or iterations (flat)
+        groups = [(None, np.ones(len(pred), bool))]
+        groups += [(int(d), data.difficulty == d) for d in np.unique(data.difficulty)]
+        for diff, m in groups:
+            rows.append(DepthRow(depth, cycles, diff, int(m.sum()), float(exact[m].mean()), float(cell[m].mean()),
+                                 float(halted[m].mean()), float(eff[m].mean())))
+    return rows
+
+
+# -- diagnostics (pure functions of a trajectory: unit-testable on hand-built data) -----------------------------
+def solved_and_wrong(traj: Trajectory) -> tuple[np.ndarray, np.ndarray]:
+    """(U, N) solved flags and wrong-cell counts."""
+    scored = traj.labels >= 0
+    wrong = ((traj.preds != traj.labels[None]) & scored[None]).sum(-1)
+    return wrong == 0, wrong
+
+
+def stability(traj: Trajectory, u1: int, u2: int) -> dict[str, float]:
+    """Between updates u1 and u2 (1-based): predictions changed per puzzle (summed over the updates in (u1, u2]),
+    change in wrong cells, share of free cells right at u1 that are wrong at least once in (u1, u2], and share of
+    puzzles solved at u1 that are unsolved at least once in (u1, u2]."""
+    P = traj.preds[u1 - 1: u2]  # updates u1..u2
+    solved, wrong = solved_and_wrong(traj)
+    changed = (P[1:] != P[:-1]).sum((0, 2)).mean()
+    right_u1 = (P[0] == traj.labels) & traj.free
+    ever_wrong = ((P[1:] != traj.labels[None]).any(0)) & right_u1
+    s1 = solved[u1 - 1]
+    lost = (~solved[u1: u2]).any(0) & s1
+    return {
+        "changed": float(changed),
+        "wrong_delta": float((wrong[u2 - 1] - wrong[u1 - 1]).mean()),
+        "flipped": float(ever_wrong.sum() / max(right_u1.sum(), 1)),
+        "lost": float(lost.sum() / max(s1.sum(), 1)),
+        "n": int(len(traj.labels)),
+    }
+
+
+def pct(a: np.ndarray, q: float) -> float | None:
+    return float(np.percentile(a, q)) if a.size else None
+
+
+def dynamics_rows(traj: Trajectory, axes: list[str], cfg: EvalConfig) -> list[DynamicsRow]:
+    rows: list[DynamicsRow] = []
+    solved, wrong = solved_and_wrong(traj)
+    U, N = solved.shape
+    for axis in axes:
+        g, s = traj.gamma.get(axis), traj.score.get(axis)
+        for u in range(U):
+            prev = traj.preds[u - 1] if u else None
+            rows.append(DynamicsRow(
+                kind="update", axis=axis, update=u + 1,
+                gamma_mean=float(g[u].mean()) if g is not None else None,
+                gamma_p10=pct(g[u], 10) if g is not None else None,
+                gamma_p90=pct(g[u], 90) if g is not None else None,
+                score_median=pct(s[u], 50) if s is not None else None,
+                score_p25=pct(s[u], 25) if s is not None else None,
+                score_p75=pct(s[u], 75) if s is not None else None,
+                changed=float((traj.preds[u] != prev).sum(-1).mean()) if prev is not None else None,
+                wrong_cells=float(wrong[u].mean()),
+                wrong_delta=float((wrong[u] - wrong[u - 1]).mean()) if u else None,
+                solved=float(solved[u].mean()),
+                lost=float((solved[u - 1] & ~solved[u]).mean()) if u else None,
+                residual_mean=float(np.nanmean(np.where(np.isfinite(traj.residual[u]), traj.residual[u], np.nan)))
+                if traj.residual is not None and np.isfinite(traj.residual[u]).any() else None,
+                eta_mean=float(traj.eta[u].mean()) if traj.eta is not None else None,
+                n=N,
+            ))
+        if g is not None:
+            rows += aligned_rows(g, solved, axis, cfg.align_window)
+            rows += score_vs_wrong_rows(s, wrong, axis)
+    if cfg.stability and cfg.stability[1] <= U:
+        st = stability(traj, *cfg.stability)
+        rows.append(DynamicsRow(kind="stability", axis=axes[0], update=cfg.stability[1],
+                                from_update=cfg.stability[0], changed=st["changed"],
+                                wrong_delta=st["wrong_delta"], flipped=st["flipped"], lost=st["lost"], n=st["n"]))
+    return rows
+
+
+def aligned_rows(gamma: np.ndarray, solved: np.ndarray, axis: str, window: int) -> list[DynamicsRow]:
+    """Mean gamma at offsets -window..+window from each puzzle's first solving update (solved from update 2 on)."""
+    U, N = solved.shape
+    first = np.where(solved.any(0), solved.argmax(0), -1)
+    rows = []
+    for off in range(-window, window + 1):
+        vals = [gamma[f + off, i] for i, f in enumerate(first) if f > 0 and 0 <= f + off < U]
+        if vals:
+            v = np.asarray(vals)
+            rows.append(DynamicsRow(kind="aligned", axis=axis, offset=off, gamma_mean=float(v.mean()),
+                                    gamma_p10=pct(v, 10), gamma_p90=pct(v, 90), n=len(vals)))
+    return rows
+
+
+def score_vs_wrong_rows(score: np.ndarray, wrong: np.ndarray, axis: str) -> list[DynamicsRow]:
+    rows = []
+    s, w = score.reshape(-1), wrong.reshape(-1)
+    for k in np.unique(w):
+        v = s[w == k]
+        rows.append(DynamicsRow(kind="score_vs_wrong", axis=axis, wrong_cells=float(k), score_median=pct(v, 50),
+                                score_p25=pct(v, 25), score_p75=pct(v, 75), n=int(v.size)))
+    return rows
+
+
+@torch.no_grad()
+def perturbation_rows(model: Reasoner, snap: LoopState, x: torch.Tensor, batch: Split,
+                      cfg: EvalConfig) -> list[PerturbationRow]:
+    """From the snapshot at update u: one copy per eps (eps = 0 is the unperturbed reference), all in one batch;
+    per update after: solved puzzles kept (of those solved at u) and ||y - y_ref|| / ||y_ref||."""
+    B = x.shape[0]
+    eps_all = [0.0, *cfg.perturb_eps]  # index 0: the reference continuation
+    reps = len(eps_all)
+    state = snap.map(lambda t: t.repeat(reps, *([1] * (t.dim() - 1))))
+    xs = x.repeat(reps, 1, 1)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    scale = torch.tensor(eps_all, device=x.device).repeat_interleave(B).view(-1, 1, 1)
+
+    def perturb(h: torch.Tensor) -> torch.Tensor:
+        noise = torch.randn(h.shape, generator=gen).to(h)
+        norm = h.flatten(1).norm(dim=1).view(-1, 1, 1)
+        return h + scale * norm * noise / noise.flatten(1).norm(dim=1).view(-1, 1, 1)
+
+    state.outer.h = perturb(state.outer.h)
+    if state.inner is not None:
+        state.inner.h = perturb(state.inner.h)
+    labels = batch.labels
+    pred0 = model.logits(snap).argmax(-1).cpu().numpy()
+    solved_u = accuracies(pred0, labels)[0]
+    rows = []
+    for k in range(1, cfg.perturb_updates + 1):
+        for _ in range(model.cfg.H):
+            state = model.step(state, xs)
+        y = state.outer.h.view(reps, B, *state.outer.h.shape[1:])
+        pred = model.logits(state).argmax(-1).cpu().numpy().reshape(reps, B, -1)
+        ref = y[0]
+        for e in range(1, reps):
+            solved_now = accuracies(pred[e], labels)[0]
+            dist = ((y[e] - ref).flatten(1).norm(dim=1) / ref.flatten(1).norm(dim=1).clamp_min(1e-12)).mean()
+            rows.append(PerturbationRow(
+                eps=eps_all[e], update=cfg.perturb_update, updates_after=k, n_solved=int(solved_u.sum()),
+                solved_kept=float((solved_now & solved_u).sum() / max(solved_u.sum(), 1)),
+                rel_distance=float(dist)))
+    return rows

@@ -1,0 +1,163 @@
+"""The shared block f_theta (methods.md section 1).
+
+One block = `n_layers` transformer layers. Each layer has two sublayers:
+  1. token mixing: multi-head self-attention plus a depthwise conv over the token grid (summed),
+  2. a SwiGLU MLP.
+Norm placement is `post` (TRM/HRM: h = norm(h + sub(h))) or `pre` (FPRM: h = h + sub(norm(h))). With FPRM's tied
+residual scaling (methods.md section 2) every sublayer update is h = a1 * h + b1 * sub(norm(h)), a1 and b1 shared
+by all 2 * n_layers sublayers, and the flat reasoner mixes iterations with (a2, b2).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class BlockConfig:
+    """Built from a validated ModelConfig (reasoner.block_config) plus the task's token grid."""
+
+    hidden: int = 64
+    heads: int = 4
+    n_layers: int = 2
+    expansion: float = 4.0
+    norm: Literal["pre", "post"] = "post"
+    conv: bool = True
+    grid: tuple[int, ...] = (4, 4)  # token grid for the conv: (rows, cols) or (length,) for sequences
+    residual_scaling: bool = False  # FPRM tied scaling; needs norm="pre"
+    a1_init: float = 0.75
+    a2_init: float = 0.25
+    norm_eps: float = 1e-5
+
+
+def rms_norm(x: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """Weightless RMSNorm (as TRM); half precision is upcast to float32 for stability under bf16."""
+    xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    return F.rms_norm(xf, (x.shape[-1],), eps=eps).to(x.dtype)
+
+
+def swiglu_width(hidden: int, expansion: float) -> int:
+    """TRM's SwiGLU width: 2/3 of expansion * hidden, rounded up to a multiple of 256 (64 at small sizes)."""
+    raw = round(expansion * hidden * 2 / 3)
+    mult = 256 if hidden >= 256 else 16
+    return mult * math.ceil(raw / mult)
+
+
+def logit(p: float) -> float:
+    p = min(max(p, 1e-6), 1 - 1e-6)
+    return math.log(p / (1 - p))
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: BlockConfig):
+        super().__init__()
+        self.heads = cfg.heads
+        self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden, bias=False)
+        self.proj = nn.Linear(cfg.hidden, cfg.hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, S, D = x.shape
+        q, k, v = self.qkv(x).view(B, S, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v)  # non-causal: every cell sees the whole board
+        return self.proj(y.transpose(1, 2).reshape(B, S, D))
+
+
+class GridConv(nn.Module):
+    """Depthwise conv over the token grid (3x3 in 2-D, 3 in 1-D). FPRM: needed for fixed-point stability."""
+
+    def __init__(self, cfg: BlockConfig):
+        super().__init__()
+        self.grid = cfg.grid
+        conv = nn.Conv2d if len(cfg.grid) == 2 else nn.Conv1d
+        self.conv = conv(cfg.hidden, cfg.hidden, 3, padding=1, groups=cfg.hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, S, D = x.shape
+        n_grid = math.prod(self.grid)
+        # Tokens beyond the grid (none for our tasks, but allowed) are left to attention alone.
+        g = x[:, :n_grid].transpose(1, 2).reshape(B, D, *self.grid)
+        out = self.conv(g).reshape(B, D, n_grid).transpose(1, 2)
+        if n_grid < S:
+            out = torch.cat([out, torch.zeros_like(x[:, n_grid:])], dim=1)
+        return out
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, cfg: BlockConfig):
+        super().__init__()
+        width = swiglu_width(cfg.hidden, cfg.expansion)
+        self.gate_up = nn.Linear(cfg.hidden, 2 * width, bias=False)
+        self.down = nn.Linear(width, cfg.hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up)
+
+
+class Mixer(nn.Module):
+    """Token-mixing sublayer: attention plus the local depthwise conv."""
+
+    def __init__(self, cfg: BlockConfig):
+        super().__init__()
+        self.attn = Attention(cfg)
+        self.conv = GridConv(cfg) if cfg.conv else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.attn(x)
+        return out + self.conv(x) if self.conv is not None else out
+
+
+class ResidualScaling(nn.Module):
+    """FPRM's tied residual scalars (methods.md section 2), per channel, as sigmoids of learned logits.
+
+    b2 = 1 - a2 * a1^(2L);  b1 = b2 * (1 - a1) / (1 - a1^(2L)). With 0 <= a1, a2 < 1 and a bounded sublayer
+    output the iterates stay bounded (FPRM Thm 1).
+    """
+
+    def __init__(self, cfg: BlockConfig):
+        super().__init__()
+        self.n_sub = 2 * cfg.n_layers
+        self.a1_logit = nn.Parameter(torch.full((cfg.hidden,), logit(cfg.a1_init)))
+        self.a2_logit = nn.Parameter(torch.full((cfg.hidden,), logit(cfg.a2_init)))
+
+    def coefficients(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        a1 = torch.sigmoid(self.a1_logit)
+        a2 = torch.sigmoid(self.a2_logit)
+        a1_pow = a1.pow(self.n_sub)
+        b2 = 1 - a2 * a1_pow
+        b1 = b2 * (1 - a1) / (1 - a1_pow).clamp_min(1e-6)
+        return a1, b1, a2, b2
+
+
+class Block(nn.Module):
+    """f_theta: n_layers x (mixer, SwiGLU), with the configured norm placement / residual scaling."""
+
+    def __init__(self, cfg: BlockConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.sublayers = nn.ModuleList()
+        for _ in range(cfg.n_layers):
+            self.sublayers.append(Mixer(cfg))
+            self.sublayers.append(SwiGLU(cfg))
+        self.scaling = ResidualScaling(cfg) if cfg.residual_scaling else None
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        eps = self.cfg.norm_eps
+        if self.scaling is not None:
+            a1, b1, _, _ = self.scaling.coefficients()
+            a1, b1 = a1.to(h.dtype), b1.to(h.dtype)
+            for sub in self.sublayers:
+                h = a1 * h + b1 * sub(rms_norm(h, eps))
+        elif self.cfg.norm == "pre":
+            for sub in self.sublayers:
+                h = h + sub(rms_norm(h, eps))
+        else:
+            for sub in self.sublayers:
+                h = rms_norm(h + sub(h), eps)
+        return h

@@ -1,0 +1,181 @@
+"""Carry rules: how one loop axis passes its state to the next iteration (methods.md section 3).
+
+Every rule is an `nn.Module` (it owns the axis's parameters) with two calls:
+  state = rule.start(h0)            the axis's state before its first candidate (h0: the initial state)
+  state = rule.step(state, z, eta)  take candidate z_t (a block output); `state.h` is what the loop carries on
+The per-iteration state lives in a `CarryState` (never in the module), so rollouts are re-entrant, can be detached
+between updates and frozen per sample when halting.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from study.config import RULES, CarryConfig
+from study.models.block import rms_norm
+
+
+@dataclass
+class CarryState:
+    """An axis's state: `h` (B, S, d) is carried on; `aux` holds rule-specific tensors with batch first."""
+
+    h: torch.Tensor
+    aux: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def detach(self) -> CarryState:
+        return CarryState(self.h.detach(), {k: v.detach() for k, v in self.aux.items()})
+
+    def select(self, keep: torch.Tensor, old: CarryState) -> CarryState:
+        """Per sample: `old` where keep[b] is True (a halted sample stays frozen), self elsewhere."""
+        if keep is None or not bool(keep.any()):
+            return self
+
+        def pick(new: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+            if new.shape != prev.shape:  # full_attnres candidate list grew: frozen samples keep the new length
+                return new
+            return torch.where(keep.view(-1, *([1] * (new.dim() - 1))), prev, new)
+
+        aux = {k: pick(v, old.aux[k]) if k in old.aux else v for k, v in self.aux.items()}
+        return CarryState(pick(self.h, old.h), aux)
+
+
+def infiloop_update(
+    h_prev: torch.Tensor,
+    log_d_prev: torch.Tensor,
+    z: torch.Tensor,
+    q: torch.Tensor | None,
+    log_beta: torch.Tensor,
+    clip: float = 8.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One step of the InfiLoop recursion in log space (methods.md section 3).
+
+    s_t = min(q . RMSNorm(z_t), clip); log D_t = logaddexp(log beta + log D_{t-1}, s_t);
+    gamma_t = exp(s_t - log D_t) = e_t / (beta D_{t-1} + e_t);  h_t = h_{t-1} + gamma_t (z_t - h_{t-1}).
+    Carrying (h, log D) instead of raw (N, D) keeps it finite for beta >= 1 over any number of steps.
+    q=None drops the content score (s_t = 0: decay-only weights, an ablation point).
+    Returns (h_t, log D_t, gamma_t, s_t); gamma and s have a trailing dim of 1.
+    """
+    zf = z if z.dtype == torch.float64 else z.float()  # the accumulators stay at >= float32 under bf16
+    if q is None:
+        s = torch.zeros_like(zf[..., :1])
+    else:
+        s = (rms_norm(zf) @ q.to(zf.dtype)).unsqueeze(-1).clamp(max=clip)
+    log_d = torch.logaddexp(log_d_prev + log_beta, s)
+    gamma = torch.exp(s - log_d)
+    h = torch.lerp(h_prev, zf, gamma)  # h_{t-1} + gamma_t (z_t - h_{t-1})
+    return h, log_d, gamma, s
+
+
+def infiloop_scan(
+    z: torch.Tensor, q: torch.Tensor | None, beta: float | torch.Tensor, clip: float = 8.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference streaming scan over a stack of candidates z of shape (T, ..., d).
+
+    Returns (h, gamma): every h_t (T, ..., d) and gamma_t (T, ..., 1). Memory beyond the outputs is O(d) per token.
+    """
+    beta = torch.as_tensor(beta, dtype=torch.float64 if z.dtype == torch.float64 else torch.float32)
+    log_beta = torch.log(beta)
+    h = torch.zeros_like(z[0])
+    log_d = torch.full_like(z[0][..., :1], -math.inf)
+    hs, gammas = [], []
+    for t in range(z.shape[0]):
+        h, log_d, gamma, _ = infiloop_update(h, log_d, z[t], q, log_beta, clip)
+        h = h.to(z.dtype)
+        hs.append(h)
+        gammas.append(gamma)
+    return torch.stack(hs), torch.stack(gammas)
+
+
+class CarryLast(nn.Module):
+    """TRM: the next state is the newest block output."""
+
+    name = "carry_last"
+
+    def start(self, h0: torch.Tensor) -> CarryState:
+        return CarryState(h0)
+
+    def step(self, state: CarryState, z: torch.Tensor, eta: torch.Tensor | None = None) -> CarryState:
+        return CarryState(z)
+
+
+class InfiLoop(nn.Module):
+    """Loop-native attention residual: learned pseudo-query q (d) and decay beta = exp(-lambda) (1 scalar)."""
+
+    name = "infiloop"
+
+    def __init__(self, d: int, cfg: CarryConfig):
+        super().__init__()
+        self.clip = cfg.clip
+        # q starts at zero: weights are then pure decay (gamma -> 1 - beta) until the content score is learned.
+        self.q = nn.Parameter(torch.zeros(d)) if cfg.content_score else None
+        self.log_beta = nn.Parameter(torch.tensor(math.log(cfg.beta_init)), requires_grad=cfg.learn_beta)
+
+    @property
+    def beta(self) -> float:
+        return float(self.log_beta.detach().exp())
+
+    def start(self, h0: torch.Tensor) -> CarryState:
+        log_d = torch.full_like(h0[..., :1], -math.inf, dtype=torch.float32)
+        zeros = torch.zeros_like(log_d)
+        return CarryState(h0.float(), {"log_d": log_d, "gamma": zeros, "score": zeros})
+
+    def step(self, state: CarryState, z: torch.Tensor, eta: torch.Tensor | None = None) -> CarryState:
+        h, log_d, gamma, s = infiloop_update(state.h, state.aux["log_d"], z, self.q, self.log_beta, self.clip)
+        return CarryState(h, {"log_d": log_d, "gamma": gamma, "score": s})
+
+
+class FullAttnRes(nn.Module):
+    """Full Attention Residuals (cost baseline): step t's query attends over all t candidates of the axis.
+
+    Query q_t = q * RMSNorm(z_t) (d params); scores against RMSNorm(z_i), capped at `clip`. O(t d) memory per
+    token at step t and O(T^2 d) work over a rollout: the cost InfiLoop's recursion avoids.
+    """
+
+    name = "full_attnres"
+
+    def __init__(self, d: int, cfg: CarryConfig):
+        super().__init__()
+        self.clip = cfg.clip
+        self.q = nn.Parameter(torch.ones(d))
+
+    def start(self, h0: torch.Tensor) -> CarryState:
+        return CarryState(h0, {"cands": h0.new_zeros(*h0.shape[:-1], 0, h0.shape[-1])})
+
+    def step(self, state: CarryState, z: torch.Tensor, eta: torch.Tensor | None = None) -> CarryState:
+        cands = torch.cat([state.aux["cands"], z.unsqueeze(-2)], dim=-2)  # (B, S, t, d)
+        query = self.q * rms_norm(z) / math.sqrt(z.shape[-1])
+        scores = torch.einsum("...td,...d->...t", rms_norm(cands), query).clamp(max=self.clip)
+        h = torch.einsum("...t,...td->...d", scores.softmax(-1), cands)
+        return CarryState(h, {"cands": cands})
+
+
+class Damped(nn.Module):
+    """Fixed-point damping h_t = eta z_t + (1 - eta) h_{t-1}; eta (B,) comes from FPOpt (halting.py)."""
+
+    name = "damped"
+
+    def start(self, h0: torch.Tensor) -> CarryState:
+        return CarryState(h0)
+
+    def step(self, state: CarryState, z: torch.Tensor, eta: torch.Tensor | None = None) -> CarryState:
+        if eta is None:
+            return CarryState(z)
+        e = eta.to(z.dtype).view(-1, *([1] * (z.dim() - 1)))
+        return CarryState(e * z + (1 - e) * state.h)
+
+
+def make_carry(rule: str, d: int, cfg: CarryConfig) -> nn.Module:
+    """Build the module for one axis."""
+    if rule == "carry_last":
+        return CarryLast()
+    if rule == "infiloop":
+        return InfiLoop(d, cfg)
+    if rule == "full_attnres":
+        return FullAttnRes(d, cfg)
+    if rule == "damped":
+        return Damped()
+    raise ValueError(f"model.carry.rule={rule!r} is not allowed; use one of {RULES}")

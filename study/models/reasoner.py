@@ -1,0 +1,184 @@
+"""The two loop structures (methods.md section 2), stepped one outer cycle / iteration at a time.
+
+Nested (TRM-style), per outer cycle:      for l in 1..L: z = carry_L(f(z + y + x));  y = carry_H(f(y + z))
+Flat (FPRM-style), per iteration:         z = carry(a2 * f(z) + b2 * x)   (or carry(f(z + x)) without scaling)
+
+One *update* (= one deep-supervision step) is H steps; in training only the last `grad_steps` run with gradient
+(truncated BPTT). Executed layers are counted exactly: (L + 1) * n_layers per nested outer cycle, n_layers per flat
+iteration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from study.config import ModelConfig
+from study.models.block import Block, BlockConfig, rms_norm
+from study.models.carry import CarryState, make_carry
+from study.models.halting import HaltState, advance_halting, relative_residual, start_halting
+
+
+@dataclass
+class LoopState:
+    """A rollout's state. `outer.h` is y (nested) or z (flat); `inner.h` is the nested latent z."""
+
+    outer: CarryState
+    inner: CarryState | None
+    halt: HaltState
+    steps: int = 0
+
+    def detach(self) -> LoopState:
+        return LoopState(self.outer.detach(), self.inner.detach() if self.inner else None,
+                         self.halt, self.steps)
+
+    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> LoopState:
+        """Apply `fn` to every per-sample tensor (batch first): slicing, repeating, moving."""
+
+        def carry(c: CarryState | None) -> CarryState | None:
+            return None if c is None else CarryState(fn(c.h), {k: fn(v) for k, v in c.aux.items()})
+
+        halt = HaltState(**{f.name: fn(getattr(self.halt, f.name)) for f in dataclasses.fields(HaltState)})
+        return LoopState(carry(self.outer), carry(self.inner), halt, self.steps)
+
+
+class Reasoner(nn.Module):
+    """Shared parts: input embedding, the block, the output head, updates and rollouts."""
+
+    def __init__(self, cfg: ModelConfig, vocab: int, seq_len: int, grid: tuple[int, ...]):
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.hidden
+        self.scale = math.sqrt(d)  # TRM: embeddings at unit scale per element
+        self.tok = nn.Embedding(vocab, d)
+        self.pos = nn.Parameter(torch.randn(seq_len, d) / self.scale)
+        nn.init.normal_(self.tok.weight, std=1 / self.scale)
+        self.block = Block(block_config(cfg, grid))
+        self.head = nn.Linear(d, vocab, bias=False)
+
+    @property
+    def layers_per_step(self) -> int:
+        return self.cfg.layers_per_step
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.scale * (self.tok(tokens) + self.pos[: tokens.shape[1]])
+
+    def logits(self, state: LoopState) -> torch.Tensor:
+        return self.head(rms_norm(state.outer.h.to(self.head.weight.dtype)))
+
+    def init_state(self, x: torch.Tensor) -> LoopState:
+        raise NotImplementedError
+
+    def _step(self, state: LoopState, x: torch.Tensor) -> tuple[LoopState, torch.Tensor]:
+        """One step; returns the new state and the per-sample fixed-point residual."""
+        raise NotImplementedError
+
+    def step(self, state: LoopState, x: torch.Tensor) -> LoopState:
+        """One outer cycle / iteration with halting: halted samples keep their state frozen."""
+        new, residual = self._step(state, x)
+        halt = advance_halting(self.cfg.halting, state.halt, residual, self.layers_per_step)
+        outer, inner = new.outer, new.inner
+        if self.cfg.halting.enabled:  # without halting nothing is frozen: skip the per-step device sync
+            frozen = state.halt.halted
+            outer = outer.select(frozen, state.outer)
+            inner = inner.select(frozen, state.inner) if inner is not None else None
+        return LoopState(outer, inner, halt, state.steps + 1)
+
+    def update(self, x: torch.Tensor, state: LoopState) -> LoopState:
+        """One deep-supervision update: H steps, gradient only through the last `grad_steps` (section 2, 5)."""
+        H, k = self.cfg.H, self.cfg.grad_steps
+        grad_on = torch.is_grad_enabled()
+        for i in range(H):
+            with torch.set_grad_enabled(grad_on and i >= H - k):
+                state = self.step(state, x)
+        return state
+
+    @torch.no_grad()
+    def rollout(
+        self, tokens: torch.Tensor, n_steps: int, on_step: Callable[[LoopState], None] | None = None
+    ) -> LoopState:
+        """Run `n_steps` steps from a fresh state without gradient, calling on_step after each."""
+        x = self.embed(tokens)
+        state = self.init_state(x)
+        for _ in range(n_steps):
+            state = self.step(state, x)
+            if on_step is not None:
+                on_step(state)
+        return state
+
+
+class NestedReasoner(Reasoner):
+    """TRM-style H/L reasoner with a carry rule per axis."""
+
+    def __init__(self, cfg: ModelConfig, vocab: int, seq_len: int, grid: tuple[int, ...]):
+        super().__init__(cfg, vocab, seq_len, grid)
+        d = cfg.hidden
+        self.y_init = nn.Parameter(torch.randn(d))
+        self.z_init = nn.Parameter(torch.randn(d))
+        self.carry_inner = make_carry(cfg.carry.rule_for("inner"), d, cfg.carry)
+        self.carry_outer = make_carry(cfg.carry.rule_for("outer"), d, cfg.carry)
+
+    def init_state(self, x: torch.Tensor) -> LoopState:
+        y0 = self.y_init.expand_as(x).contiguous()
+        z0 = self.z_init.expand_as(x).contiguous()
+        halt = start_halting(self.cfg.halting, x.shape[0], x.device)
+        return LoopState(self.carry_outer.start(y0), self.carry_inner.start(z0), halt)
+
+    def _step(self, state: LoopState, x: torch.Tensor) -> tuple[LoopState, torch.Tensor]:
+        eta = state.halt.eta
+        y = state.outer.h
+        inner = self.carry_inner.start(state.inner.h) if self.cfg.carry.reset_inner else state.inner
+        for _ in range(self.cfg.L):
+            inner = self.carry_inner.step(inner, self.block(inner.h + y + x), eta)
+        cand = self.block(y + inner.h)
+        residual = relative_residual(y, cand, self.cfg.halting.eps)
+        outer = self.carry_outer.step(state.outer, cand, eta)
+        return LoopState(outer, inner, state.halt, state.steps), residual
+
+
+class FlatReasoner(Reasoner):
+    """FPRM-style single-state reasoner; with residual scaling the input enters as a2 * f(z) + b2 * x."""
+
+    def __init__(self, cfg: ModelConfig, vocab: int, seq_len: int, grid: tuple[int, ...]):
+        super().__init__(cfg, vocab, seq_len, grid)
+        self.z_init = nn.Parameter(torch.randn(cfg.hidden))
+        self.carry_outer = make_carry(cfg.carry.rule_for("flat"), cfg.hidden, cfg.carry)
+
+    def init_state(self, x: torch.Tensor) -> LoopState:
+        z0 = self.z_init.expand_as(x).contiguous()
+        halt = start_halting(self.cfg.halting, x.shape[0], x.device)
+        return LoopState(self.carry_outer.start(z0), None, halt)
+
+    def _step(self, state: LoopState, x: torch.Tensor) -> tuple[LoopState, torch.Tensor]:
+        z = state.outer.h
+        if self.block.scaling is not None:
+            _, _, a2, b2 = self.block.scaling.coefficients()
+            cand = a2 * self.block(z) + b2 * x
+        else:
+            cand = self.block(z + x)
+        residual = relative_residual(z, cand, self.cfg.halting.eps)
+        outer = self.carry_outer.step(state.outer, cand, state.halt.eta)
+        return LoopState(outer, None, state.halt, state.steps), residual
+
+
+def block_config(cfg: ModelConfig, grid: tuple[int, ...]) -> BlockConfig:
+    return BlockConfig(
+        hidden=cfg.hidden, heads=cfg.heads, n_layers=cfg.n_layers, expansion=cfg.expansion, norm=cfg.norm,
+        conv=cfg.conv, grid=grid, residual_scaling=cfg.residual_scaling, a1_init=cfg.a1_init, a2_init=cfg.a2_init,
+    )
+
+
+def build_reasoner(cfg: ModelConfig, vocab: int, seq_len: int, grid: tuple[int, ...]) -> Reasoner:
+    """The reasoner for a task: `grid` shapes the depthwise conv ((rows, cols) or (length,))."""
+    cls = NestedReasoner if cfg.kind == "nested" else FlatReasoner
+    return cls(cfg, vocab, seq_len, grid)
+
+
+def with_overrides(cfg: ModelConfig, **changes) -> ModelConfig:
+    """A copy of cfg with some fields changed (e.g. evaluation at other H / L than training)."""
+    return dataclasses.replace(cfg, **changes)

@@ -1,0 +1,249 @@
+"""Sudoku n^2 x n^2 boards (4x4 with 2x2 boxes, 6x6 with 2x3 boxes, 9x9 with 3x3 boxes).
+
+Tokens: 0 PAD, 1 blank, 2..n+1 digits 1..n (vocab n + 2; 11 for 9x9 as in the papers).
+Generation: a random full grid from a randomised solver, then cells are blanked in random order, each removal kept
+only if the puzzle stays uniquely solvable (checked by asking the solver for a solution that differs at that cell).
+Difficulty = number of blanks, exact by construction.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import numpy as np
+
+from study.tasks.base import Split, TaskSpec
+
+BOXES = {4: (2, 2), 6: (2, 3), 9: (3, 3)}
+# Blank counts the greedy remover reaches reliably. Above these it would search for a very long time
+# (9x9 puzzles with 64 blanks exist but are found by luck, not by removal order), so we refuse up front.
+MAX_BLANKS = {4: 12, 6: 24, 9: 58}
+
+
+def sudoku_spec(size: int) -> TaskSpec:
+    return TaskSpec("sudoku", size + 2, size * size, (size, size), "blanks")
+
+
+class Solver:
+    """Bitmask DFS with the fewest-candidates heuristic over an n x n board (0 = empty)."""
+
+    def __init__(self, size: int):
+        if size not in BOXES:
+            raise ValueError(f"task.size={size} is not allowed for sudoku; use one of {sorted(BOXES)}")
+        self.n = size
+        br, bc = BOXES[size]
+        self.full = (1 << size) - 1
+        self.row = [i // size for i in range(size * size)]
+        self.col = [i % size for i in range(size * size)]
+        self.box = [(r // br) * (size // bc) + (c // bc) for r, c in zip(self.row, self.col)]
+
+    def solve(self, grid: list[int], limit: int = 1, rng: np.random.Generator | None = None,
+              forbid: tuple[int, int] | None = None) -> tuple[int, list[int] | None]:
+        """Count solutions up to `limit`; return (count, first solution). `forbid=(cell, v)`: cell may not be v.
+
+        `rng` randomises the digit order (used to draw random full grids).
+        """
+        n, full = self.n, self.full
+        rows, cols, boxes = [0] * n, [0] * n, [0] * n
+        grid = list(grid)
+        empties = []
+        for i, v in enumerate(grid):
+            if v:
+                bit = 1 << (v - 1)
+                r, c, b = self.row[i], self.col[i], self.box[i]
+                if (rows[r] | cols[c] | boxes[b]) & bit:
+                    return 0, None
+                rows[r] |= bit
+                cols[c] |= bit
+                boxes[b] |= bit
+            else:
+                empties.append(i)
+        ban = [0] * (n * n)
+        if forbid is not None:
+            ban[forbid[0]] = 1 << (forbid[1] - 1)
+        R, C, Bx = self.row, self.col, self.box
+        found: list[list[int]] = []
+        count = 0
+
+        def search(k: int) -> None:
+            nonlocal count
+            if k == len(empties):
+                count += 1
+                if not found:
+                    found.append(list(grid))
+                return
+            best_j, best_m, best_cnt = k, 0, n + 1
+            for j in range(k, len(empties)):
+                i = empties[j]
+                m = full & ~(rows[R[i]] | cols[C[i]] | boxes[Bx[i]] | ban[i])
+                cnt = m.bit_count()
+                if cnt < best_cnt:
+                    best_j, best_m, best_cnt = j, m, cnt
+                    if cnt <= 1:
+                        break
+            if best_cnt == 0:
+                return
+            empties[k], empties[best_j] = empties[best_j], empties[k]
+            i = empties[k]
+            r, c, b = R[i], C[i], Bx[i]
+            digits = [d for d in range(n) if best_m >> d & 1]
+            if rng is not None:
+                rng.shuffle(digits)
+            for d in digits:
+                bit = 1 << d
+                rows[r] |= bit
+                cols[c] |= bit
+                boxes[b] |= bit
+                grid[i] = d + 1
+                search(k + 1)
+                rows[r] &= ~bit
+                cols[c] &= ~bit
+                boxes[b] &= ~bit
+                grid[i] = 0
+                if count >= limit:
+                    break
+            empties[k], empties[best_j] = empties[best_j], empties[k]
+
+        search(0)
+        return count, (found[0] if found else None)
+
+
+def check_blanks(size: int, blanks: int) -> None:
+    if size not in BOXES:
+        raise ValueError(f"task.size={size} is not allowed for sudoku; use one of {sorted(BOXES)}")
+    if not 0 <= blanks <= MAX_BLANKS[size]:
+        raise ValueError(
+            f"task.blanks={blanks} cannot be reached for {size}x{size} sudoku; allowed: 0..{MAX_BLANKS[size]} "
+            "(more blanks would need an exhaustive search for rare minimal puzzles)"
+        )
+
+
+def generate_puzzle(solver: Solver, blanks: int, rng: np.random.Generator,
+                    attempts: int = 200) -> tuple[list[int], list[int]]:
+    """One (puzzle, solution) with exactly `blanks` empty cells and a unique solution."""
+    n2 = solver.n * solver.n
+    for _ in range(attempts):
+        _, solution = solver.solve([0] * n2, rng=rng)
+        puzzle = list(solution)
+        removed = 0
+        for cell in rng.permutation(n2).tolist():
+            if removed == blanks:
+                break
+            v = puzzle[cell]
+            puzzle[cell] = 0
+            # Unique iff no solution puts another digit in this cell (the rest of the board being as it is).
+            if solver.solve(puzzle, forbid=(cell, v))[0]:
+                puzzle[cell] = v
+            else:
+                removed += 1
+        if removed == blanks:
+            return puzzle, solution
+    raise RuntimeError(f"could not reach {blanks} blanks on {solver.n}x{solver.n} in {attempts} attempts")
+
+
+def encode(puzzle: list[int] | np.ndarray) -> np.ndarray:
+    """Board values (0 blank, 1..n digits) -> tokens (1 blank, 2..n+1)."""
+    return np.asarray(puzzle, dtype=np.int64) + 1
+
+
+def generate(size: int, n: int, blanks: tuple[int, int], seed: int) -> Split:
+    """n puzzles, blank counts uniform over [blanks[0], blanks[1]]."""
+    lo, hi = blanks
+    if lo > hi:
+        raise ValueError(f"task.blanks=({lo}, {hi}) is not allowed; the minimum must not exceed the maximum")
+    check_blanks(size, hi)
+    check_blanks(size, lo)
+    rng = np.random.default_rng(seed)
+    solver = Solver(size)
+    inputs, labels, diff = [], [], []
+    for _ in range(n):
+        k = int(rng.integers(lo, hi + 1))
+        puzzle, solution = generate_puzzle(solver, k, rng)
+        inputs.append(encode(puzzle))
+        labels.append(encode(solution))
+        diff.append(k)
+    return Split(np.stack(inputs), np.stack(labels), np.asarray(diff, dtype=np.int64))
+
+
+def augment(split: Split, size: int, rng: np.random.Generator) -> Split:
+    """Validity-preserving symmetries per sample: digit permutation, band/stack permutation, row/column
+    permutation inside bands/stacks, and transpose (only for square boxes: 6x6's 2x3 boxes would break)."""
+    br, bc = BOXES[size]
+    N = len(split)
+    inputs, labels = split.inputs.copy(), split.labels.copy()
+    for s in range(N):
+        bands = rng.permutation(size // br)
+        rows = np.concatenate([b * br + rng.permutation(br) for b in bands])
+        stacks = rng.permutation(size // bc)
+        cols = np.concatenate([t * bc + rng.permutation(bc) for t in stacks])
+        idx = (rows[:, None] * size + cols[None, :])
+        if br == bc and rng.random() < 0.5:
+            idx = idx.T
+        idx = idx.reshape(-1)
+        digit_map = np.concatenate([[0, 1], 2 + rng.permutation(size)])  # PAD and blank stay
+        inputs[s] = digit_map[split.inputs[s, idx]]
+        labels[s] = digit_map[split.labels[s, idx]]
+    return Split(inputs, labels, split.difficulty.copy())
+
+
+def is_valid_solution(board: np.ndarray, size: int) -> bool:
+    """board: digits 1..n (values, not tokens), shape (n*n,)."""
+    br, bc = BOXES[size]
+    g = np.asarray(board).reshape(size, size)
+    want = set(range(1, size + 1))
+    for i in range(size):
+        if set(g[i].tolist()) != want or set(g[:, i].tolist()) != want:
+            return False
+    for r in range(0, size, br):
+        for c in range(0, size, bc):
+            if set(g[r:r + br, c:c + bc].reshape(-1).tolist()) != want:
+                return False
+    return True
+
+
+def load_csv(path: str | Path, size: int = 9, limit: int | None = None) -> Split:
+    """Sudoku-Extreme's CSV format: header `source,q,a,rating`; q uses '.' or '0' for blanks.
+
+    Errors name the file and line: wrong length, bad characters, or q and a disagreeing on a given.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"task.csv: {path} does not exist")
+    n2 = size * size
+    digits = set("123456789"[:size])
+    inputs, labels, diff = [], [], []
+    with path.open(newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if header is None or [h.strip() for h in header[:3]] != ["source", "q", "a"]:
+            raise ValueError(f"{path}:1: expected the header 'source,q,a,rating', got {header}")
+        for line, row in enumerate(reader, start=2):
+            if limit is not None and len(inputs) >= limit:
+                break
+            if not row:
+                continue
+            if len(row) < 3:
+                raise ValueError(f"{path}:{line}: expected columns source,q,a,rating; got {len(row)} columns")
+            q, a = row[1].strip(), row[2].strip()
+            for name, s in (("q", q), ("a", a)):
+                if len(s) != n2:
+                    raise ValueError(f"{path}:{line}: {name} has {len(s)} characters; a {size}x{size} board "
+                                     f"needs {n2}")
+            bad = sorted(set(q) - digits - {".", "0"})
+            if bad:
+                raise ValueError(f"{path}:{line}: q has bad characters {bad}; allowed: digits, '.' or '0'")
+            bad = sorted(set(a) - digits)
+            if bad:
+                raise ValueError(f"{path}:{line}: a has bad characters {bad}; allowed: digits 1..{size}")
+            qv = [0 if ch in ".0" else int(ch) for ch in q]
+            av = [int(ch) for ch in a]
+            clash = [i for i in range(n2) if qv[i] and qv[i] != av[i]]
+            if clash:
+                raise ValueError(f"{path}:{line}: q and a disagree on the given at cell {clash[0]}")
+            inputs.append(encode(qv))
+            labels.append(encode(av))
+            diff.append(qv.count(0))
+    if not inputs:
+        raise ValueError(f"{path}: no puzzles found")
+    return Split(np.stack(inputs), np.stack(labels), np.asarray(diff, dtype=np.int64))

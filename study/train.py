@@ -1,0 +1,211 @@
+"""Training (methods.md section 5): deep supervision, truncated BPTT, AdamW with warmup, EMA, checkpoints.
+
+Each batch is supervised `n_sup` times: one update (H steps, gradient through the last `grad_steps`), a loss on
+the logits, one optimizer step, then the loop state is detached and carried into the next update. A checkpoint
+holds model, optimizer, EMA, every RNG and the step, and is taken between batches, so a resumed run continues
+exactly as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from study.config import TrainConfig
+from study.models.reasoner import Reasoner
+from study.tasks import IGNORE, Split, accuracies
+from study.tasks.loader import Task
+
+
+def stablemax_log_probs(logits: torch.Tensor) -> torch.Tensor:
+    """TRM's stablemax: s(x) = x + 1 for x >= 0, 1 / (1 - x) otherwise; log(s / sum s)."""
+    s = torch.where(logits >= 0, logits + 1, 1 / (1 - logits))
+    return torch.log(s / s.sum(-1, keepdim=True))
+
+
+def cell_loss(logits: torch.Tensor, labels: torch.Tensor, kind: str) -> torch.Tensor:
+    logits = logits.float().flatten(0, 1)
+    labels = labels.flatten()
+    if kind == "stablemax":
+        return F.nll_loss(stablemax_log_probs(logits.double()).float(), labels, ignore_index=IGNORE)
+    return F.cross_entropy(logits, labels, ignore_index=IGNORE)
+
+
+def lr_at(cfg: TrainConfig, step: int) -> float:
+    return cfg.lr * min(1.0, (step + 1) / max(cfg.warmup, 1))
+
+
+class EMA:
+    """Exponential moving average of the weights, used for evaluation."""
+
+    def __init__(self, model: torch.nn.Module, decay: float):
+        self.decay = decay
+        self.shadow = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    @torch.no_grad()
+    def update(self, model: torch.nn.Module) -> None:
+        for k, v in model.state_dict().items():
+            if v.dtype.is_floating_point:
+                self.shadow[k].lerp_(v, 1 - self.decay)
+            else:
+                self.shadow[k].copy_(v)
+
+    def copy_to(self, model: torch.nn.Module) -> torch.nn.Module:
+        """A copy of `model` carrying the EMA weights."""
+        clone = copy.deepcopy(model)
+        clone.load_state_dict(self.shadow)
+        return clone
+
+
+@dataclass
+class TrainLog:
+    step: int
+    loss: float
+    cell_acc: float
+    exact_acc: float
+    lr: float
+    seconds: float
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def autocast(cfg: TrainConfig):
+    device_type = "cuda" if cfg.device.startswith("cuda") else "cpu"
+    return torch.autocast(device_type, dtype=torch.bfloat16, enabled=cfg.dtype == "bf16")
+
+
+class Trainer:
+    """Holds everything a run needs to continue: model, optimizer, EMA, data RNG, step."""
+
+    def __init__(self, model: Reasoner, task: Task, cfg: TrainConfig, seed: int):
+        self.model, self.task, self.cfg, self.seed = model, task, cfg, seed
+        self.device = torch.device(cfg.device)
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        self.model.to(self.device)
+        decay, no_decay = [], []
+        for name, p in model.named_parameters():
+            if not p.requires_grad:
+                continue
+            # FPRM: no weight decay on the residual scalars; ours: none on the carry rules' q / beta either
+            (no_decay if p.dim() < 2 or "scaling" in name or "carry" in name else decay).append(p)
+        self.opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=cfg.lr, betas=cfg.betas,
+        )
+        self.ema = EMA(model, cfg.ema)
+        self.data_rng = np.random.default_rng(seed)
+        self.step = 0
+        self.batches = 0
+        self.history: list[TrainLog] = []
+
+    # -- checkpoints ---------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {
+            "model": self.model.state_dict(), "opt": self.opt.state_dict(), "ema": self.ema.shadow,
+            "data_rng": self.data_rng.bit_generator.state, "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            "numpy_rng": np.random.get_state(), "python_rng": random.getstate(),
+            "step": self.step, "batches": self.batches, "history": [vars(h) for h in self.history],
+        }
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.model.load_state_dict(sd["model"])
+        self.opt.load_state_dict(sd["opt"])
+        self.ema.shadow = {k: v.to(self.device) for k, v in sd["ema"].items()}
+        self.data_rng.bit_generator.state = sd["data_rng"]
+        torch.set_rng_state(sd["torch_rng"])
+        if sd["cuda_rng"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(sd["cuda_rng"])
+        np.random.set_state(sd["numpy_rng"])
+        random.setstate(sd["python_rng"])
+        self.step, self.batches = sd["step"], sd["batches"]
+        self.history = [TrainLog(**h) for h in sd["history"]]
+
+    def save(self, path: str | Path) -> None:
+        """Atomic: write a temporary file, then rename."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        torch.save(self.state_dict(), tmp)
+        tmp.replace(path)
+
+    def load(self, path: str | Path) -> None:
+        self.load_state_dict(torch.load(path, map_location=self.device, weights_only=False))
+
+    # -- training ------------------------------------------------------------------------------------------------
+    def next_batch(self) -> Split:
+        idx = self.data_rng.integers(0, len(self.task.train), size=self.cfg.batch_size)
+        return self.task.augment(self.task.train.take(idx), self.data_rng)
+
+    def train_batch(self) -> TrainLog:
+        """One batch: n_sup supervised updates, an optimizer step after each."""
+        cfg, model = self.cfg, self.model
+        model.train()
+        batch = self.next_batch()
+        tokens = torch.as_tensor(batch.inputs, device=self.device)
+        labels = torch.as_tensor(batch.labels, device=self.device)
+        state = None
+        t0 = time.perf_counter()
+        losses, preds = [], None
+        for _ in range(cfg.n_sup):
+            if self.step >= cfg.steps:
+                break
+            for g in self.opt.param_groups:
+                g["lr"] = lr_at(cfg, self.step)
+            with autocast(cfg):
+                x = model.embed(tokens)
+                state = model.init_state(x) if state is None else state.detach()
+                state = model.update(x, state)
+                logits = model.logits(state)
+            loss = cell_loss(logits, labels, cfg.loss)
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.grad_clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            self.opt.step()
+            self.ema.update(model)
+            self.step += 1
+            losses.append(float(loss))
+            preds = logits.argmax(-1)
+        self.batches += 1
+        exact, cell = accuracies(preds.cpu().numpy(), batch.labels)
+        log = TrainLog(self.step, float(np.mean(losses)), float(cell.mean()), float(exact.mean()),
+                       lr_at(cfg, self.step - 1), time.perf_counter() - t0)
+        self.history.append(log)
+        return log
+
+    def fit(self, on_log: Callable[[TrainLog], None] | None = None,
+            checkpoint: Callable[[Trainer], None] | None = None) -> list[TrainLog]:
+        """Train until cfg.steps; `on_log` every log_every steps; `checkpoint` every checkpoint_every batches."""
+        cfg = self.cfg
+        while self.step < cfg.steps:
+            before = self.step
+            log = self.train_batch()
+            if on_log is not None and (log.step // cfg.log_every > before // cfg.log_every
+                                       or log.step >= cfg.steps):
+                on_log(log)
+            if checkpoint is not None and cfg.checkpoint_every and self.batches % cfg.checkpoint_every == 0:
+                checkpoint(self)
+        return self.history
+
+    def eval_model(self) -> Reasoner:
+        """The EMA weights in evaluation mode."""
+        return self.ema.copy_to(self.model).eval()
+
+
+def batches_for(steps: int, n_sup: int) -> int:
+    return math.ceil(steps / n_sup)
