@@ -65,7 +65,7 @@ class PerturbationRow:
     update: int
     updates_after: int
     n_solved: int
-    solved_kept: float
+    solved_kept: float | None  # None when no puzzle was solved at the perturbed update
     rel_distance: float
 
 
@@ -113,7 +113,7 @@ def evaluate(model: Reasoner, task: Task, cfg: EvalConfig, device: str = "cpu") 
     depths = cfg.resolved_depths(mcfg)
     target_steps = {mcfg.steps_for_depth(d): d for d in depths}
     H = mcfg.H
-    last_update = max(target_steps) // H
+    last_update = max(1, max(target_steps) // H)  # at least one update: the dynamics need one
     if cfg.stability:
         last_update = max(last_update, cfg.stability[1])
     total_steps = max(max(target_steps), last_update * H)
@@ -320,6 +320,6 @@ def perturbation_rows(model: Reasoner, snap: LoopState, x: torch.Tensor, batch: 
             dist = ((y[e] - ref).flatten(1).norm(dim=1) / ref.flatten(1).norm(dim=1).clamp_min(1e-12)).mean()
             rows.append(PerturbationRow(
                 eps=eps_all[e], update=cfg.perturb_update, updates_after=k, n_solved=int(solved_u.sum()),
-                solved_kept=float((solved_now & solved_u).sum() / max(solved_u.sum(), 1)),
+                solved_kept=float((solved_now & solved_u).sum() / solved_u.sum()) if solved_u.any() else None,
                 rel_distance=float(dist)))
     return rows

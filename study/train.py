@@ -179,7 +179,7 @@ class Trainer:
             self.opt.step()
             self.ema.update(model)
             self.step += 1
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
             preds = logits.argmax(-1)
         self.batches += 1
         exact, cell = accuracies(preds.cpu().numpy(), batch.labels)

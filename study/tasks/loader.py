@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import tempfile
+import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -46,7 +47,7 @@ def cached(key: dict, make, cache_dir: Path) -> Split:
         try:
             with np.load(path) as f:
                 return Split(f["inputs"], f["labels"], f["difficulty"])
-        except (OSError, ValueError, KeyError, EOFError):
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
             pass  # unreadable (should not happen with atomic writes): make it again
     split = make()
     cache_dir.mkdir(parents=True, exist_ok=True)
