@@ -51,6 +51,132 @@ def format_depth_rows(rows) -> str:
     return "\n".join(lines)
 
 
+# -- studies on Ray ----------------------------------------------------------------------------------------------------
+def print_main_table(store_root: str, study: str) -> None:
+    from study.analysis.tables import AnalysisError, build_table, format_table
+
+    try:
+        print(format_table(build_table(_store(store_root), study, "depth")))
+    except AnalysisError as e:
+        eprint(f"loopstudy: {e}")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from study.launch import run_study, storage_root
+    from study.spec import load_study
+
+    study = load_study(args.spec, args.overrides)
+    root = storage_root(study, args.storage)
+    out = run_study(study, address=args.address, storage=root, shared_storage=args.shared_storage,
+                    num_cpus=args.num_cpus)
+    print_main_table(root, study.name)
+    eprint(f"figures: loopstudy plot all --study {study.name} --store {root} --out {args.figures}")
+    if not args.no_plot:
+        from study.analysis.figures import plot
+
+        try:
+            files = plot(_store(root), study.name, "all", args.figures)
+            eprint(f"figures written to {Path(args.figures).resolve()} ({len(files)} files)")
+        except Exception as e:  # a figure problem must not hide the study's results
+            eprint(f"loopstudy: figures not written: {e}")
+    return 1 if out["errors"] else 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from study.launch import resume_study
+
+    out = resume_study(args.study, storage=args.storage, address=args.address)
+    root = args.storage if "://" in args.storage else os.path.abspath(args.storage)
+    print_main_table(root, args.study)
+    return 1 if out["errors"] else 0
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from study.launch import submit_study
+    from study.spec import load_study
+
+    load_study(args.spec, args.overrides)  # fail here, not on the cluster
+    repo = Path(__file__).resolve().parents[1]
+    extra = [*args.overrides] if args.overrides else []
+    job_id = submit_study(str(args.spec), address=args.address, storage=args.storage, repo=repo,
+                          extra_args=extra)
+    print(job_id)
+    eprint(f"submitted {args.spec} as Ray job {job_id}\n"
+           f"  follow:  ray job logs --address {args.address} --follow {job_id}\n"
+           f"  status:  ray job status --address {args.address} {job_id}")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Expected trials (from the saved spec) against complete ones in storage. No Ray needed."""
+    import tempfile
+
+    from study.config import trial_id
+    from study.spec import load_study
+
+    store = _store(args.storage)
+    text = store.get_text(f"_studies/{args.study}.yaml")
+    if text is None:
+        eprint(f"loopstudy: no study {args.study!r} in {store.uri}; studies: {', '.join(store.studies()) or 'none'}")
+        return 2
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
+        f.write(text)
+        f.flush()
+        study = load_study(f.name)
+    done = store.completed_trials(args.study)
+    if study.is_optuna:
+        print(f"{args.study}: Optuna search, {len(done)} of {study.spec.sweep.optuna.num_samples} samples complete")
+        return 0
+    ids = [trial_id(c) for c in study.trials]
+    missing = [i for i in ids if i not in done]
+    print(f"{args.study}: {len(ids) - len(missing)}/{len(ids)} trials complete in {store.uri}")
+    for i in missing:
+        print(f"  pending {i}")
+    return 0
+
+
+# -- analysis (no torch, no Ray) ---------------------------------------------------------------------------------------
+def _store(root: str):
+    from study.store import Store
+
+    return Store(root)
+
+
+def cmd_table(args: argparse.Namespace) -> int:
+    from study.analysis.tables import build_table, format_table
+
+    df = build_table(_store(args.store), args.study, args.kind, paper=args.paper, skip_bad=args.skip_bad)
+    print(format_table(df, args.format))
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from study.analysis.figures import plot
+
+    files = plot(_store(args.store), args.study, args.kind, args.out, skip_bad=args.skip_bad)
+    for f in files:
+        print(f)
+    return 0
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    from study.analysis.tables import format_table, sql
+
+    print(format_table(sql(_store(args.store), args.sql, args.study, args.skip_bad), args.format))
+    return 0
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    from study.analysis.tables import format_table, list_studies
+
+    df = list_studies(_store(args.store))
+    if df.height == 0:
+        eprint(f"no studies in {args.store}")
+        return 0
+    print(format_table(df, "terminal"))
+    return 0
+
+
 # -- parser ------------------------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -70,17 +196,87 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--study", default="adhoc", help="study name the rows are filed under (default: %(default)s)")
     t.add_argument("--no-store", action="store_true", help="print the depth table only; write nothing")
     t.set_defaults(func=cmd_trial)
+
+    def ray_opts(sp, storage_help="results root: a path, an NFS path or s3://... (default: the spec's storage)"):
+        sp.add_argument("--address", default=None,
+                        help="join a running Ray cluster: auto or HOST:PORT (default: embedded local Ray)")
+        sp.add_argument("--storage", default=None, help=storage_help)
+
+    r = sub.add_parser("run", help="run a study (grid or Optuna) on Ray Tune and print its depth table",
+                       description="Run a study spec on Ray Tune. Trials already complete in storage are skipped. "
+                                   "Ends with the depth table and the figures.")
+    r.add_argument("spec", type=Path)
+    r.add_argument("overrides", nargs="*", metavar="key=value", help="override spec keys, e.g. train.steps=50")
+    ray_opts(r)
+    r.add_argument("--shared-storage", action="store_true",
+                   help="the storage path is mounted on every node (NFS): allow it on a multi-machine cluster")
+    r.add_argument("--num-cpus", type=int, default=None, help="CPUs for the embedded Ray (default: all)")
+    r.add_argument("--figures", default="results/figures", help="where figures go (default: %(default)s)")
+    r.add_argument("--no-plot", action="store_true", help="skip the figures")
+    r.set_defaults(func=cmd_run)
+
+    s = sub.add_parser("submit", help="send a study to a cluster as a Ray Job (needs ray[default])",
+                       description="Submit `loopstudy run SPEC --address auto` as a Ray Job with this repository "
+                                   "as working directory. Prints the job id and how to follow its logs.")
+    s.add_argument("spec", type=Path)
+    s.add_argument("overrides", nargs="*", metavar="key=value")
+    s.add_argument("--address", required=True, help="the cluster's job server, e.g. http://HEAD:8265")
+    s.add_argument("--storage", default=None, help="results root as seen from the cluster (shared path or s3://)")
+    s.set_defaults(func=cmd_submit)
+
+    st = sub.add_parser("status", help="trials complete vs pending for a study (from storage; no Ray)")
+    st.add_argument("study")
+    st.add_argument("--storage", default=DEFAULT_STORE, help="results root (default: %(default)s)")
+    st.set_defaults(func=cmd_status)
+
+    rs = sub.add_parser("resume", help="resume an interrupted study (Tuner.restore); finished trials stay done")
+    rs.add_argument("study")
+    rs.add_argument("--storage", default=DEFAULT_STORE, help="results root (default: %(default)s)")
+    rs.add_argument("--address", default=None, help="join a running Ray cluster (default: embedded local Ray)")
+    rs.set_defaults(func=cmd_resume)
+
+    from_store = argparse.ArgumentParser(add_help=False)
+    from_store.add_argument("--store", default=DEFAULT_STORE, help="results root (default: %(default)s)")
+    from_store.add_argument("--skip-bad", action="store_true", help="skip corrupt Parquet files (named on stderr)")
+
+    tb = sub.add_parser("table", parents=[from_store], help="an ablation table from stored Parquet",
+                        description="Tables: depth, final, placement, beta, scaling, halting, difficulty, stability, "
+                                    "perturbation. Aggregated over seeds (mean, std, n, 95%% CI).")
+    tb.add_argument("kind")
+    tb.add_argument("--study", required=True)
+    tb.add_argument("--format", default="terminal", choices=["terminal", "markdown", "csv", "latex"])
+    tb.add_argument("--paper", action="store_true", help="add the published rows, labelled [paper]")
+    tb.set_defaults(func=cmd_table)
+
+    pl_ = sub.add_parser("plot", parents=[from_store], help="figures (PNG and PDF) from stored Parquet",
+                         description="Figures: depth, difficulty, gamma, score, eff_layers, perturbation, or all.")
+    pl_.add_argument("kind")
+    pl_.add_argument("--study", required=True)
+    pl_.add_argument("--out", default="results/figures", help="output folder (default: %(default)s)")
+    pl_.set_defaults(func=cmd_plot)
+
+    q = sub.add_parser("query", parents=[from_store], help="Polars SQL over all tables",
+                       description='SQL over the tables trials, train_curve, depth_eval, dynamics, perturbation. '
+                                   'Config columns have dotted names: quote them, e.g. "model.carry.rule".')
+    q.add_argument("sql")
+    q.add_argument("--study", default=None, help="restrict every table to one study")
+    q.add_argument("--format", default="terminal", choices=["terminal", "markdown", "csv", "latex"])
+    q.set_defaults(func=cmd_query)
+
+    ls = sub.add_parser("ls", parents=[from_store], help="studies in the store, with completeness")
+    ls.set_defaults(func=cmd_ls)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from study.analysis.tables import AnalysisError
     from study.config import ConfigError
     from study.store import StoreError
 
     try:
         return args.func(args)
-    except (ConfigError, StoreError) as e:
+    except (ConfigError, StoreError, AnalysisError) as e:
         eprint(f"loopstudy: {e}")
         return 2
     except KeyboardInterrupt:

@@ -291,6 +291,7 @@ class TrialConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     seed: int = 0
+    label: str = ""  # the sweep variant's name; a display name, not part of the trial's identity
 
     def __post_init__(self):
         # depth targets must be whole outer cycles of the *evaluated* model: fail before training starts
@@ -331,6 +332,7 @@ def trial_id(cfg: TrialConfig) -> str:
     d = to_dict(cfg)
     for section, name in NON_IDENTITY:
         d[section].pop(name, None)
+    d.pop("label", None)
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
 

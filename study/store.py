@@ -61,7 +61,7 @@ TRIAL_FIELDS = [
     pa.field("status", pa.string()), pa.field("params", pa.int64()),
     pa.field("started", pa.timestamp("ms", tz="UTC")), pa.field("ended", pa.timestamp("ms", tz="UTC")),
     pa.field("wall_s", pa.float64()), pa.field("device", pa.string()), pa.field("package_version", pa.string()),
-    pa.field("git_commit", pa.string()), pa.field("final_exact_acc", pa.float64()),
+    pa.field("git_commit", pa.string()), pa.field("node", pa.string()), pa.field("final_exact_acc", pa.float64()),
     pa.field("best_exact_acc", pa.float64()), pa.field("final_train_loss", pa.float64()),
 ]
 
@@ -231,6 +231,20 @@ class Store:
         import polars as pl
 
         return pl.from_arrow(self.read(table, study, skip_bad)).lazy()
+
+    def put_text(self, rel: str, text: str) -> None:
+        """A small text file under the root (e.g. _studies/<name>.yaml); readers of tables ignore '_' dirs."""
+        path = f"{self.root}/{rel}"
+        self.fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+        with self.fs.open_output_stream(path) as f:
+            f.write(text.encode())
+
+    def get_text(self, rel: str) -> str | None:
+        path = f"{self.root}/{rel}"
+        if self.fs.get_file_info(path).type != pafs.FileType.File:
+            return None
+        with self.fs.open_input_stream(path) as f:
+            return f.read().decode()
 
     def completed_trials(self, study: str) -> set[str]:
         """Trial ids whose results are complete (the trials row, written last, says status=complete)."""

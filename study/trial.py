@@ -54,6 +54,7 @@ def run_trial(
     checkpoint: Callable[[Trainer], None] | None = None,
     resume: Callable[[Trainer], None] | None = None,
     on_phase: Callable[[str], None] | None = None,
+    node: str | None = None,
 ) -> tuple[dict[str, float], EvalResult]:
     """Train and evaluate one configuration; returns (summary metrics, evaluation rows).
 
@@ -88,7 +89,7 @@ def run_trial(
             **config_row(to_dict(cfg)), "status": "complete",
             "params": sum(p.numel() for p in model.parameters()), "started": started, "ended": now_utc(),
             "wall_s": time.perf_counter() - t0, "device": device_name(cfg.train.device),
-            "package_version": study.__version__, "git_commit": git_commit(),
+            "package_version": study.__version__, "git_commit": git_commit(), "node": node,
             **{k: v for k, v in metrics.items() if k != "final_cell_acc"},
         }])
     return metrics, result

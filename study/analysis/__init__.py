@@ -1,0 +1,1 @@
+"""Analysis: Polars tables and matplotlib figures from the results store (no torch, no Ray)."""

@@ -1,0 +1,280 @@
+"""Ablation tables from the results store (Polars lazy pipelines; no torch, no Ray).
+
+Every table groups trials by the config columns that vary within the study (the sweep's axes; seed excluded) and
+aggregates over seeds: mean, std, n and a 95% CI (Student t). `setting` names the group ("rule=infiloop
+placement=both"); with paper=True the published rows join as setting "<method> [paper]", source "paper".
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import resources
+
+import polars as pl
+
+from study.store import Store, StoreError
+
+# t_{0.975, df} for df = 1..30; 1.96 beyond
+T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
+
+# Config columns that never define a group (identity of the run, not of the setting).
+NOT_AXES = {"seed", "task.cache_dir", "train.log_every", "train.checkpoint_every", "train.threads"}
+
+
+def t975(n: int) -> float:
+    df = n - 1
+    return T975[df - 1] if 1 <= df <= len(T975) else 1.96
+
+
+def ci95(std: float | None, n: int) -> float | None:
+    if std is None or n < 2 or (isinstance(std, float) and math.isnan(std)):
+        return None
+    return t975(n) * std / math.sqrt(n)
+
+
+class AnalysisError(Exception):
+    """Nothing to show (unknown study, empty study, unknown kind): the message says what exists."""
+
+
+def config_columns(trials: pl.DataFrame) -> list[str]:
+    sections = ("task", "model", "train", "eval")
+    return [c for c in trials.columns if c.split(".")[0] in sections or c in ("seed", "label")]
+
+
+def varying_columns(trials: pl.DataFrame) -> list[str]:
+    """The study's axes: config columns with more than one value across its trials (seed excluded). When the
+    sweep names its variants (`label`), columns the label already determines are left out."""
+    out = [c for c in config_columns(trials) if c not in NOT_AXES
+           and trials.select(pl.col(c).cast(pl.String).n_unique()).item() > 1]
+    if "label" in out:
+        implied = [c for c in out if c != "label" and trials.group_by("label").agg(
+            pl.col(c).cast(pl.String).n_unique().alias("k"))["k"].max() == 1]
+        out = ["label", *[c for c in out if c not in implied and c != "label"]]
+    return out
+
+
+def short(col: str) -> str:
+    return col.rsplit(".", 1)[-1]
+
+
+def with_setting(trials: pl.DataFrame, axes: list[str]) -> pl.DataFrame:
+    """Add a `setting` label column from the axes' values."""
+    if not axes:
+        return trials.with_columns(pl.lit("all").alias("setting"))
+    parts = []
+    for c in axes:
+        if c != "label":  # a variant's name speaks for itself
+            parts.append(pl.lit(f"{short(c)}="))
+        parts += [pl.col(c).cast(pl.String).fill_null("-"), pl.lit(" ")]
+    return trials.with_columns(pl.concat_str(parts[:-1]).alias("setting"))
+
+
+def aggregate(lf: pl.LazyFrame, by: list[str], values: list[str]) -> pl.DataFrame:
+    """mean, std, n and 95% CI of each value column per group (n counts trials, i.e. seeds)."""
+    aggs = []
+    for v in values:
+        aggs += [pl.col(v).mean().alias(f"{v}_mean"), pl.col(v).std().alias(f"{v}_std")]
+    aggs.append(pl.len().alias("n"))
+    df = lf.group_by(by).agg(aggs).sort(by).collect()
+    for v in values:
+        cis = [ci95(s, n) for s, n in zip(df[f"{v}_std"].to_list(), df["n"].to_list())]
+        df = df.with_columns(pl.Series(f"{v}_ci95", cis, dtype=pl.Float64))
+    return df.with_columns(pl.lit("measured").alias("source"))
+
+
+@dataclass
+class Context:
+    store: Store
+    study: str
+    trials: pl.DataFrame
+    axes: list[str]
+    skip_bad: bool = False
+
+    def table(self, name: str) -> pl.LazyFrame:
+        meta = self.trials.select(["trial_id", "setting", *self.axes]).lazy()
+        return self.store.scan(name, self.study, self.skip_bad).join(meta, on="trial_id", how="inner")
+
+
+def load_context(store: Store, study: str, skip_bad: bool = False) -> Context:
+    studies = store.studies()
+    if study not in studies:
+        raise AnalysisError(f"no study {study!r} in {store.uri}; studies there: {', '.join(studies) or 'none'}")
+    trials = store.read("trials", study, skip_bad)
+    if trials.num_rows == 0:
+        raise AnalysisError(f"study {study!r} has no completed trials yet in {store.uri} "
+                            "(run `loopstudy status` to see what is pending)")
+    df = pl.from_arrow(trials).filter(pl.col("status") == "complete")
+    axes = varying_columns(df)
+    return Context(store, study, with_setting(df, axes), axes, skip_bad)
+
+
+def overall(lf: pl.LazyFrame) -> pl.LazyFrame:
+    return lf.filter(pl.col("difficulty").is_null())
+
+
+def deepest(lf: pl.LazyFrame) -> pl.LazyFrame:
+    """Each trial's reading at its deepest evaluated depth."""
+    return lf.filter(pl.col("depth_layers") == pl.col("depth_layers").max().over("trial_id"))
+
+
+# -- the tables --------------------------------------------------------------------------------------------------------
+def t_depth(ctx: Context) -> pl.DataFrame:
+    """Accuracy by executed layers, per setting (the depth-scaling table)."""
+    return aggregate(overall(ctx.table("depth_eval")), ["setting", "depth_layers"], ["exact_acc", "cell_acc"])
+
+
+def t_final(ctx: Context) -> pl.DataFrame:
+    """Accuracy at the deepest depth per setting: the generic ablation table (placement, beta, a1/a2, ...)."""
+    return aggregate(deepest(overall(ctx.table("depth_eval"))), ["setting", *ctx.axes, "depth_layers"],
+                     ["exact_acc", "cell_acc"])
+
+
+def t_halting(ctx: Context) -> pl.DataFrame:
+    """Accuracy and effective layers at the deepest depth (tau / gamma / patience / eta0 sweeps)."""
+    return aggregate(deepest(overall(ctx.table("depth_eval"))), ["setting", *ctx.axes],
+                     ["exact_acc", "eff_layers", "halted_frac"])
+
+
+def t_difficulty(ctx: Context) -> pl.DataFrame:
+    """Accuracy and effective layers by difficulty (blanks) at the deepest depth."""
+    lf = deepest(ctx.table("depth_eval")).filter(pl.col("difficulty").is_not_null())
+    return aggregate(lf, ["setting", "difficulty"], ["exact_acc", "eff_layers"])
+
+
+def t_stability(ctx: Context) -> pl.DataFrame:
+    """Stability between two updates: predictions changed, wrong-cell delta, flipped cells, solved-then-lost."""
+    lf = ctx.table("dynamics").filter(pl.col("kind") == "stability")
+    return aggregate(lf, ["setting", "from_update", "update"], ["changed", "wrong_delta", "flipped", "lost"])
+
+
+def t_perturbation(ctx: Context) -> pl.DataFrame:
+    """Solved puzzles kept and relative distance, at the last update after the perturbation, per eps."""
+    lf = ctx.table("perturbation")
+    lf = lf.filter(pl.col("updates_after") == pl.col("updates_after").max().over("trial_id"))
+    return aggregate(lf, ["setting", "eps", "updates_after"], ["solved_kept", "rel_distance"])
+
+
+TABLES: dict[str, tuple[Callable[[Context], pl.DataFrame], str | None]] = {
+    "depth": (t_depth, "depth"),
+    "final": (t_final, None),
+    "placement": (t_final, "placement"),
+    "beta": (t_final, "beta"),
+    "scaling": (t_final, "scaling"),
+    "halting": (t_halting, "halting"),
+    "difficulty": (t_difficulty, "difficulty"),
+    "stability": (t_stability, "stability"),
+    "perturbation": (t_perturbation, "perturbation"),
+}
+
+
+def published(table: str | None = None) -> pl.DataFrame:
+    """The papers' numbers shipped with the package (study/data/published.csv), each row with its source."""
+    text = resources.files("study.data").joinpath("published.csv").read_text()
+    df = pl.read_csv(io.StringIO(text), schema_overrides={"x": pl.String})
+    return df if table is None else df.filter(pl.col("table") == table)
+
+
+def paper_rows(kind: str, measured: pl.DataFrame) -> pl.DataFrame:
+    """Published rows shaped like the measured table: setting '<method> [paper]', metric in <metric>_mean."""
+    _, paper_table = TABLES[kind]
+    if paper_table is None:
+        return measured.clear()
+    pub = published(paper_table)
+    rows = []
+    for r in pub.iter_rows(named=True):
+        row = {c: None for c in measured.columns}
+        row.update({"setting": f"{r['method']} [paper, {r['x']}]", "source": "paper"})
+        if kind == "depth":
+            row.update({"setting": f"{r['method']} [paper]", "depth_layers": int(r["x"])})
+        if kind == "difficulty" and r["x"].isdigit():
+            row.update({"setting": f"{r['method']} [paper]", "difficulty": int(r["x"])})
+        # published percentages are shown as fractions, like the measured accuracies
+        value = r["value"] / 100 if r["metric"] == "exact_acc" else r["value"]
+        col = f"{r['metric']}_mean"
+        if col in row:
+            row[col] = value
+            rows.append(row)
+    if not rows:
+        return measured.clear()
+    return pl.DataFrame(rows, schema=measured.schema)
+
+
+def build_table(store: Store, study: str, kind: str, paper: bool = False, skip_bad: bool = False) -> pl.DataFrame:
+    if kind not in TABLES:
+        raise AnalysisError(f"unknown table {kind!r}; tables: {', '.join(TABLES)}")
+    ctx = load_context(store, study, skip_bad)
+    fn, _ = TABLES[kind]
+    df = fn(ctx)
+    if df.height == 0:
+        raise AnalysisError(f"study {study!r} has no rows for table {kind!r} (was it evaluated with the "
+                            "matching eval options, e.g. eval.stability or eval.perturb_update?)")
+    if paper:
+        df = pl.concat([df, paper_rows(kind, df)], how="vertical_relaxed")
+    return df
+
+
+# -- formatting --------------------------------------------------------------------------------------------------------
+def _cell(v) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return "" if math.isnan(v) else f"{v:.4g}" if abs(v) >= 1000 or abs(v) < 1e-3 and v != 0 else f"{v:.3f}"
+    return str(v)
+
+
+def format_table(df: pl.DataFrame, fmt: str = "terminal") -> str:
+    cols = [c for c in df.columns if df[c].null_count() != df.height]
+    rows = [[_cell(v) for v in r] for r in df.select(cols).iter_rows()]
+    if fmt == "csv":
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(cols)
+        w.writerows(rows)
+        return buf.getvalue()
+    if fmt == "markdown":
+        out = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+        out += ["| " + " | ".join(r) + " |" for r in rows]
+        return "\n".join(out)
+    if fmt == "latex":
+        esc = str.maketrans({"_": r"\_", "%": r"\%", "&": r"\&", "#": r"\#"})
+        out = [r"\begin{tabular}{" + "l" * len(cols) + "}", r"\toprule",
+               " & ".join(c.translate(esc) for c in cols) + r" \\", r"\midrule"]
+        out += [" & ".join(v.translate(esc) for v in r) + r" \\" for r in rows]
+        out += [r"\bottomrule", r"\end{tabular}"]
+        return "\n".join(out)
+    if fmt != "terminal":
+        raise AnalysisError(f"unknown format {fmt!r}; formats: terminal, markdown, csv, latex")
+    widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(cols)]
+    line = "  ".join(c.ljust(w) for c, w in zip(cols, widths))
+    out = [line, "-" * len(line)]
+    out += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in rows]
+    return "\n".join(out)
+
+
+def list_studies(store: Store) -> pl.DataFrame:
+    """Studies with trial counts: complete trials, and files per table."""
+    rows = []
+    for s in store.studies():
+        t = store.read("trials", s, skip_bad=True)
+        complete = sum(1 for x in t.column("status").to_pylist() if x == "complete") if t.num_rows else 0
+        row = {"study": s, "complete_trials": complete}
+        for name in ("depth_eval", "dynamics", "perturbation", "train_curve"):
+            row[f"{name}_files"] = len(store.files(name, s))
+        rows.append(row)
+    return pl.DataFrame(rows) if rows else pl.DataFrame({"study": []})
+
+
+def sql(store: Store, query: str, study: str | None = None, skip_bad: bool = False) -> pl.DataFrame:
+    """Polars SQL over every table (trials, train_curve, depth_eval, dynamics, perturbation)."""
+    from study.store import TABLES as STORE_TABLES
+
+    frames = {t: store.scan(t, study, skip_bad) for t in STORE_TABLES}
+    try:
+        return pl.SQLContext(frames).execute(query, eager=True)
+    except (pl.exceptions.PolarsError, StoreError) as e:
+        raise AnalysisError(f"query failed: {e}") from None

@@ -1,0 +1,311 @@
+"""Running a study on Ray Tune: embedded local Ray by default, or a running cluster via --address.
+
+Grid studies: the spec expands to resolved trial configs; those already complete in storage are skipped, the rest
+go to Tune as one grid_search over whole configs. Optuna studies: OptunaSearch samples the dotted keys of its
+space on top of the base config. Each trial (trainable below) runs study.trial.run_trial, writes its own rows to
+the store, checkpoints through Tune every train.checkpoint_every batches and resumes from the last checkpoint when
+its node died (FailureConfig). Reports to Tune carry only a few numbers; `objective` is the training batch's exact
+accuracy while training and the spec's final metric at the end (OptunaSearch and ASHA need it in every report).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from study.config import ConfigError, build_trial, set_dotted, to_dict, trial_id
+from study.spec import Study, check_resources
+from study.store import Store
+
+CKPT_FILE = "trainer.pt"
+
+
+def eprint(*a) -> None:
+    print(*a, file=sys.stderr, flush=True)
+
+
+# -- the Tune trainable ------------------------------------------------------------------------------------------------
+def trainable(config: dict[str, Any]) -> None:
+    """One Tune trial. config: trial (resolved config dict), searched (Optuna's dotted picks), store, study,
+    metric, threads."""
+    import ray
+    from ray import tune
+
+    from study.trial import run_trial
+
+    data = config["trial"]
+    for key, value in config.get("searched", {}).items():
+        set_dotted(data, key, value)
+    cfg = build_trial(data, f"study {config['study']}")
+    if not cfg.train.threads:
+        cfg.train.threads = config.get("threads", 1)
+    tid = trial_id(cfg)
+    store = Store(config["store"])
+    study_name, metric = config["study"], config["metric"]
+    node = ray.get_runtime_context().get_node_id()
+
+    if tid in store.completed_trials(study_name):  # e.g. two Optuna samples that resolve to the same config
+        row = store.scan("trials", study_name).collect().filter(trial_id=tid).row(0, named=True)
+        tune.report({"trial_id": tid, "objective": row.get(metric) or 0.0, "skipped": 1, "node": node,
+                     **{k: row[k] for k in ("final_exact_acc", "best_exact_acc") if row.get(k) is not None}})
+        return
+
+    last = {"train_exact_acc": 0.0, "train_loss": float("nan"), "step": 0}
+
+    def on_log(log) -> None:
+        last.update(train_exact_acc=log.exact_acc, train_loss=log.loss, step=log.step)
+        tune.report({"trial_id": tid, "objective": log.exact_acc, "node": node, **last})
+
+    def checkpoint(trainer) -> None:
+        with tempfile.TemporaryDirectory() as d:
+            trainer.save(Path(d) / CKPT_FILE)
+            tune.report({"trial_id": tid, "objective": last["train_exact_acc"], "node": node, **last},
+                        checkpoint=tune.Checkpoint.from_directory(d))
+
+    def resume(trainer) -> None:
+        ckpt = tune.get_checkpoint()
+        if ckpt is not None:
+            with ckpt.as_directory() as d:
+                trainer.load(Path(d) / CKPT_FILE)
+
+    metrics, _ = run_trial(cfg, study_name=study_name, store=store, on_log=on_log, checkpoint=checkpoint,
+                           resume=resume, node=node)
+    tune.report({"trial_id": tid, "objective": metrics[metric], "node": node, **last, **metrics})
+
+
+# -- cluster and storage checks ----------------------------------------------------------------------------------------
+def is_loopback(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def init_ray(address: str | None, num_cpus: int | None = None) -> None:
+    """Embedded local Ray (default) or join a cluster. A loopback address keeps this driver on 127.0.0.1 too."""
+    # Frequent small checkpoints are by design (resume after a lost node); Tune's sync warning is noise here.
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    import ray
+
+    if ray.is_initialized():
+        return
+    if address in (None, "", "local"):
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # node IP 127.0.0.1: nothing leaves loopback
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+                 configure_logging=False)
+        return
+    host = urlparse(f"//{address}").hostname or ""
+    if is_loopback(host):
+        # Ray otherwise swaps 127.0.0.1 for the machine's outward IP and looks for a raylet there.
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    ray.init(address=address, log_to_driver=False, configure_logging=False)
+
+
+def cluster_nodes() -> list[dict[str, Any]]:
+    import ray
+
+    return [n for n in ray.nodes() if n.get("Alive")]
+
+
+def check_storage(root: str, nodes: list[dict[str, Any]], shared: bool) -> None:
+    """A path local to this machine cannot serve nodes on other machines: refuse it up front."""
+    if "://" in root or shared:
+        return
+    addresses = {n.get("NodeManagerAddress", "") for n in nodes}
+    import ray
+
+    here = ray.util.get_node_ip_address()
+    remote = sorted(a for a in addresses if a and a != here and not (is_loopback(a) and is_loopback(here)))
+    if remote:
+        raise ConfigError(
+            f"storage {root!r} is a path on this machine, but the cluster has nodes on other machines "
+            f"({', '.join(remote)}); their trials could not write results there. Use shared storage: an NFS path "
+            "mounted on every node (and pass --shared-storage), or an object store such as s3://bucket/prefix.")
+
+
+def storage_root(study: Study, override: str | None) -> str:
+    root = override or study.spec.storage
+    return root if "://" in root else os.path.abspath(root)
+
+
+def tune_dir(root: str) -> str:
+    """Where Tune keeps experiment state (checkpoints, trial state): beside the tables, ignored by readers."""
+    return f"{root.rstrip('/')}/_tune"
+
+
+# -- progress ----------------------------------------------------------------------------------------------------------
+def progress_callback(study_name: str, total: int, mode: str):
+    from ray.tune import Callback
+
+    class Progress(Callback):
+        """Prints one line per change: trials done / running / failed, best objective so far."""
+
+        def __init__(self):
+            self.done = self.failed = self.running = 0
+            self.best: float | None = None
+
+        def _line(self, what: str) -> None:
+            best = "-" if self.best is None else f"{self.best:.3f}"
+            eprint(f"[{study_name}] {what:<26} done {self.done}/{total}  running {self.running}  "
+                   f"failed {self.failed}  best objective {best}")
+
+        def on_trial_start(self, iteration, trials, trial, **info):
+            self.running = sum(t.status == "RUNNING" for t in trials)
+            self._line(f"started {trial.trial_id}")
+
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            self.done += 1
+            self.running = max(0, sum(t.status == "RUNNING" for t in trials) - 1)
+            value = (trial.last_result or {}).get("objective")
+            if value is not None and (self.best is None or (value > self.best if mode == "max" else value < self.best)):
+                self.best = value
+            tid = (trial.last_result or {}).get("trial_id", trial.trial_id)
+            self._line(f"finished {tid}")
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            self.failed += 1
+            self.running = max(0, sum(t.status == "RUNNING" for t in trials) - 1)
+            self._line(f"failed {trial.trial_id}")
+
+    return Progress()
+
+
+# -- running -----------------------------------------------------------------------------------------------------------
+def build_tuner(study: Study, root: str, pending: list, threads: int):
+    from ray import tune
+
+    spec, sweep = study.spec, study.spec.sweep
+    common = {"store": root, "study": spec.name, "threads": threads,
+              "metric": sweep.optuna.metric if sweep.optuna else "final_exact_acc"}
+    mode = sweep.optuna.mode if sweep.optuna else "max"
+    search_alg, num_samples, scheduler = None, 1, None
+    if sweep.optuna is not None:
+        from ray.tune.search.optuna import OptunaSearch
+
+        space = {}
+        for key, p in sweep.optuna.space.items():
+            space[key] = {"uniform": lambda p=p: tune.uniform(p.low, p.high),
+                          "loguniform": lambda p=p: tune.loguniform(p.low, p.high),
+                          "int": lambda p=p: tune.randint(int(p.low), int(p.high) + 1),
+                          "choice": lambda p=p: tune.choice(p.values)}[p.type]()
+        base = {**spec.base(), "seed": sweep.seeds[0]}
+        param_space = {**common, "trial": base, "searched": space}
+        search_alg = OptunaSearch(seed=sweep.seeds[0])
+        num_samples = sweep.optuna.num_samples
+    else:
+        param_space = {**common, "trial": tune.grid_search([to_dict(c) for c in pending])}
+    if sweep.asha is not None:
+        from ray.tune.schedulers import ASHAScheduler
+
+        scheduler = ASHAScheduler(time_attr="training_iteration", max_t=sweep.asha.max_t,
+                                  grace_period=sweep.asha.grace_period, reduction_factor=sweep.asha.reduction_factor)
+    resources = {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu}
+    total = num_samples if sweep.optuna else len(pending)
+    tuner = tune.Tuner(
+        tune.with_resources(trainable, resources),
+        param_space=param_space,
+        tune_config=tune.TuneConfig(metric="objective", mode=mode, search_alg=search_alg, scheduler=scheduler,
+                                    num_samples=num_samples, max_concurrent_trials=sweep.max_concurrent or None),
+        run_config=tune.RunConfig(
+            name=spec.name, storage_path=tune_dir(root), verbose=0,
+            failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
+            callbacks=[progress_callback(spec.name, total, mode)],
+        ),
+    )
+    return tuner
+
+
+def save_spec(store: Store, study: Study) -> None:
+    """Keep the spec beside the results, so `status` and `resume` need only the study name."""
+    import yaml
+
+    store.put_text(f"_studies/{study.name}.yaml", yaml.safe_dump(study.data, sort_keys=False))
+
+
+def run_study(study: Study, *, address: str | None = None, storage: str | None = None,
+              shared_storage: bool = False, num_cpus: int | None = None) -> dict[str, Any]:
+    """Run every pending trial of the study; returns counts. Trials complete in storage are not run again."""
+    root = storage_root(study, storage)
+    store = Store(root)
+    init_ray(address, num_cpus)
+    import ray
+
+    check_resources(study, ray.cluster_resources())
+    check_storage(root, cluster_nodes(), shared_storage)
+    save_spec(store, study)
+    done = store.completed_trials(study.name)
+    pending = [c for c in study.trials if trial_id(c) not in done]
+    skipped = len(study.trials) - len(pending)
+    if skipped:
+        eprint(f"[{study.name}] {skipped} trial(s) already complete in {root}: not run again")
+    if not study.is_optuna and not pending:
+        eprint(f"[{study.name}] nothing to run")
+        return {"ran": 0, "skipped": skipped, "errors": 0}
+    threads = max(1, int(study.spec.resources.cpu))
+    n = study.spec.sweep.optuna.num_samples if study.is_optuna else len(pending)
+    eprint(f"[{study.name}] {n} trial(s) on Ray ({address or 'embedded'}); results -> {root}")
+    t0 = time.perf_counter()
+    grid = build_tuner(study, root, pending, threads).fit()
+    errors = sum(1 for r in grid if r.error is not None)
+    eprint(f"[{study.name}] finished in {time.perf_counter() - t0:.0f}s: {len(grid) - errors} ok, {errors} failed")
+    return {"ran": len(grid), "skipped": skipped, "errors": errors}
+
+
+def resume_study(name: str, *, storage: str, address: str | None = None) -> dict[str, Any]:
+    """Tuner.restore the study's experiment: finished trials are not re-run, unfinished ones continue from their
+    last checkpoint. When no experiment state was saved yet, run the saved spec again (complete trials skipped)."""
+    from study.spec import load_study
+
+    root = storage if "://" in storage else os.path.abspath(storage)
+    store = Store(root)
+    text = store.get_text(f"_studies/{name}.yaml")
+    if text is None:
+        known = ", ".join(store.studies()) or "none"
+        raise ConfigError(f"no study named {name!r} was run with storage {root} (studies there: {known})")
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        f.write(text)
+    study = load_study(f.name)
+    study.source = f"{root}/_studies/{name}.yaml"
+    init_ray(address)
+    from ray import tune
+
+    path = f"{tune_dir(root)}/{name}"
+    if not tune.Tuner.can_restore(path):
+        eprint(f"[{name}] no saved Tune state at {path}: running the saved spec (complete trials skipped)")
+        return run_study(study, address=address, storage=root)
+    done_before = store.completed_trials(name)
+    eprint(f"[{name}] restoring from {path}; {len(done_before)} trial(s) complete in storage")
+    res = study.spec.resources
+    tuner = tune.Tuner.restore(path, tune.with_resources(trainable, {"cpu": res.cpu, "gpu": res.gpu}),
+                               resume_unfinished=True, resume_errored=True)
+    grid = tuner.fit()
+    errors = sum(1 for r in grid if r.error is not None)
+    missing = [c for c in study.trials if trial_id(c) not in store.completed_trials(name)]
+    if missing and not study.is_optuna:  # trials Tune never got to before the driver died
+        eprint(f"[{name}] {len(missing)} trial(s) were not in the restored experiment: running them")
+        run_study(study, address=address, storage=root)
+    return {"ran": len(grid), "errors": errors}
+
+
+def submit_study(spec_path: str, *, address: str, storage: str | None, repo: Path,
+                 extra_args: list[str] | None = None) -> str:
+    """Send `loopstudy run SPEC --address auto` to the cluster's job server, the repo as working dir."""
+    from ray.job_submission import JobSubmissionClient
+
+    rel = os.path.relpath(os.path.abspath(spec_path), repo)
+    if rel.startswith(".."):
+        raise ConfigError(f"{spec_path}: the spec must live inside the repository ({repo}) to travel with it")
+    cmd = ["python", "-m", "study.cli", "run", rel, "--address", "auto"]
+    if storage:
+        cmd += ["--storage", storage]
+    cmd += extra_args or []
+    client = JobSubmissionClient(address)
+    job_id = client.submit_job(
+        entrypoint=" ".join(cmd),
+        runtime_env={"working_dir": str(repo),
+                     "excludes": [".git", ".venv", "results", "*.parquet", "__pycache__", "docs"]},
+    )
+    return job_id
