@@ -7,8 +7,10 @@ read the results store. Everything heavy is imported inside the command that nee
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 DEFAULT_STORE = os.environ.get("LOOPSTUDY_STORE", "results")
@@ -67,16 +69,22 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     study = load_study(args.spec, args.overrides)
     root = storage_root(study, args.storage)
+    if "working_dir_files" in os.getcwd():
+        # Inside a Ray Job: Ray may delete the job's unpacked working dir once the trials sharing it end, pulling
+        # the cwd from under this driver. Load what we need now and work from a directory that stays.
+        importlib.import_module("study.analysis.figures")
+        os.chdir(tempfile.gettempdir())
     out = run_study(study, address=args.address, storage=root, shared_storage=args.shared_storage,
                     num_cpus=args.num_cpus)
     print_main_table(root, study.name)
-    eprint(f"figures: loopstudy plot all --study {study.name} --store {root} --out {args.figures}")
+    figures = args.figures or (f"{root}/figures" if "://" not in root else "results/figures")
+    eprint(f"figures: loopstudy plot all --study {study.name} --store {root} --out {figures}")
     if not args.no_plot:
         from study.analysis.figures import plot
 
         try:
-            files = plot(_store(root), study.name, "all", args.figures)
-            eprint(f"figures written to {Path(args.figures).resolve()} ({len(files)} files)")
+            files = plot(_store(root), study.name, "all", figures)
+            eprint(f"figures written to {Path(figures).resolve()} ({len(files)} files)")
         except Exception as e:  # a figure problem must not hide the study's results
             eprint(f"loopstudy: figures not written: {e}")
     return 1 if out["errors"] else 0
@@ -211,7 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--shared-storage", action="store_true",
                    help="the storage path is mounted on every node (NFS): allow it on a multi-machine cluster")
     r.add_argument("--num-cpus", type=int, default=None, help="CPUs for the embedded Ray (default: all)")
-    r.add_argument("--figures", default="results/figures", help="where figures go (default: %(default)s)")
+    r.add_argument("--figures", default=None, help="where figures go (default: <storage>/figures)")
     r.add_argument("--no-plot", action="store_true", help="skip the figures")
     r.set_defaults(func=cmd_run)
 
@@ -269,7 +277,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    # key=value overrides may also come after the options (argparse stops collecting positionals there)
+    if rest and hasattr(args, "overrides") and all("=" in r and not r.startswith("-") for r in rest):
+        args.overrides = [*args.overrides, *rest]
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     from study.analysis.tables import AnalysisError
     from study.config import ConfigError
     from study.store import StoreError

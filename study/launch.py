@@ -87,20 +87,23 @@ def init_ray(address: str | None, num_cpus: int | None = None) -> None:
     """Embedded local Ray (default) or join a cluster. A loopback address keeps this driver on 127.0.0.1 too."""
     # Frequent small checkpoints are by design (resume after a lost node); Tune's sync warning is noise here.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    # Our rows go to the Parquet store. Tune's default CSV/JSON/TensorBoard loggers would only duplicate them, and
+    # tensorboardX imports torch into the driver (which crashed job drivers here with an MKL load error).
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    embedded = address in (None, "", "local")
+    if embedded or is_loopback(urlparse(f"//{address}").hostname or ""):
+        # Ray otherwise swaps 127.0.0.1 for the machine's outward IP and looks for a raylet there; this keeps the
+        # driver (and an embedded cluster) on loopback. Read by ray_constants at import, so set before importing.
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     import ray
 
     if ray.is_initialized():
         return
-    if address in (None, "", "local"):
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # node IP 127.0.0.1: nothing leaves loopback
+    if embedded:
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
                  configure_logging=False)
-        return
-    host = urlparse(f"//{address}").hostname or ""
-    if is_loopback(host):
-        # Ray otherwise swaps 127.0.0.1 for the machine's outward IP and looks for a raylet there.
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    ray.init(address=address, log_to_driver=False, configure_logging=False)
+    else:
+        ray.init(address=address, log_to_driver=False, configure_logging=False)
 
 
 def cluster_nodes() -> list[dict[str, Any]]:

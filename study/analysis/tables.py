@@ -81,10 +81,12 @@ def aggregate(lf: pl.LazyFrame, by: list[str], values: list[str]) -> pl.DataFram
         aggs += [pl.col(v).mean().alias(f"{v}_mean"), pl.col(v).std().alias(f"{v}_std")]
     aggs.append(pl.len().alias("n"))
     df = lf.group_by(by).agg(aggs).sort(by).collect()
+    order = list(by)
     for v in values:
         cis = [ci95(s, n) for s, n in zip(df[f"{v}_std"].to_list(), df["n"].to_list())]
         df = df.with_columns(pl.Series(f"{v}_ci95", cis, dtype=pl.Float64))
-    return df.with_columns(pl.lit("measured").alias("source"))
+        order += [f"{v}_mean", f"{v}_ci95", f"{v}_std"]
+    return df.select([*order, "n"]).with_columns(pl.lit("measured").alias("source"))
 
 
 @dataclass

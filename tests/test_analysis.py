@@ -1,0 +1,173 @@
+"""Tables, figures, SQL and the analysis CLI on a hand-made dataset (no training, no Ray)."""
+
+import json
+import math
+import subprocess
+import sys
+from datetime import UTC, datetime
+
+import pytest
+
+from study.analysis import figures, tables
+from study.config import TrialConfig, to_dict
+from study.store import Store, config_row
+
+from .conftest import REPO
+
+# two rules x three seeds; exact accuracy at two depths
+ACC = {("carry_last", 0): (0.5, 0.4), ("carry_last", 1): (0.6, 0.5), ("carry_last", 2): (0.7, 0.6),
+       ("infiloop", 0): (0.6, 0.8), ("infiloop", 1): (0.7, 0.9), ("infiloop", 2): (0.8, 0.7)}
+DEPTHS = (12, 48)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("store")
+    s = Store(root)
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    for (rule, seed), accs in ACC.items():
+        cfg = to_dict(TrialConfig(seed=seed))
+        cfg["model"]["carry"]["rule"] = rule
+        tid = f"{rule[:3]}{seed}"
+        rows = []
+        for d, a in zip(DEPTHS, accs):
+            rows.append({"depth_layers": d, "outer_cycles": d // 6, "difficulty": None, "n": 100, "exact_acc": a,
+                         "cell_acc": 0.9, "halted_frac": 0.0, "eff_layers": float(d)})
+            rows.append({"depth_layers": d, "outer_cycles": d // 6, "difficulty": 8, "n": 50, "exact_acc": a / 2,
+                         "cell_acc": 0.8, "halted_frac": 0.0, "eff_layers": float(d)})
+        s.write("depth_eval", "hand", tid, rows)
+        s.write("dynamics", "hand", tid, [
+            {"kind": "stability", "axis": "outer", "update": 8, "from_update": 4, "changed": seed + 1.0,
+             "wrong_delta": -1.0, "flipped": 0.1, "lost": 0.0, "n": 100},
+            *[{"kind": "aligned", "axis": "outer", "offset": o, "gamma_mean": 0.5 + 0.1 * (o == 0), "n": 10}
+              for o in (-1, 0, 1)],
+            {"kind": "score_vs_wrong", "axis": "outer", "wrong_cells": 0.0, "score_median": 7.0, "n": 5}])
+        s.write("perturbation", "hand", tid, [{"eps": 1e-3, "update": 4, "updates_after": k, "n_solved": 5,
+                                               "solved_kept": 1.0, "rel_distance": 0.01 * k} for k in (1, 2)])
+        s.write("trials", "hand", tid, [{**config_row(cfg), "status": "complete", "params": 1, "started": now,
+                                         "ended": now, "wall_s": 1.0, "device": "cpu"}])
+    return s
+
+
+def mean_ci(xs):
+    m = sum(xs) / len(xs)
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+    return m, sd, 4.303 * sd / math.sqrt(len(xs))  # t(0.975, df=2)
+
+
+def test_depth_table_equals_hand_computed_means_and_cis(store):
+    df = tables.build_table(store, "hand", "depth")
+    assert set(df["setting"]) == {"rule=carry_last", "rule=infiloop"}
+    for rule, (i, d) in ((r, x) for r in ("carry_last", "infiloop") for x in enumerate(DEPTHS)):
+        xs = [ACC[(rule, s)][i] for s in range(3)]
+        m, sd, ci = mean_ci(xs)
+        row = df.filter((df["setting"] == f"rule={rule}") & (df["depth_layers"] == d)).row(0, named=True)
+        assert row["exact_acc_mean"] == pytest.approx(m)
+        assert row["exact_acc_std"] == pytest.approx(sd)
+        assert row["exact_acc_ci95"] == pytest.approx(ci)
+        assert row["n"] == 3
+
+
+def test_difficulty_stability_and_final_tables(store):
+    diff = tables.build_table(store, "hand", "difficulty")
+    row = diff.filter(diff["setting"] == "rule=infiloop").row(0, named=True)
+    assert row["difficulty"] == 8 and row["exact_acc_mean"] == pytest.approx((0.8 + 0.9 + 0.7) / 6)
+    stab = tables.build_table(store, "hand", "stability")
+    assert stab.filter(stab["setting"] == "rule=carry_last")["changed_mean"].item() == pytest.approx(2.0)
+    final = tables.build_table(store, "hand", "final")
+    assert final["depth_layers"].unique().to_list() == [48]
+
+
+def test_paper_rows_are_added_and_labelled(store):
+    df = tables.build_table(store, "hand", "depth", paper=True)
+    paper = df.filter(df["source"] == "paper")
+    row = paper.filter((paper["setting"] == "InfiLoop [paper]") & (paper["depth_layers"] == 24960)).row(0, named=True)
+    assert row["exact_acc_mean"] == pytest.approx(0.927)
+    assert (df.filter(df["source"] == "measured")["n"] == 3).all()
+
+
+@pytest.mark.parametrize("fmt,marker", [("markdown", "| setting |"), ("csv", "setting,depth_layers"),
+                                        ("latex", r"\begin{tabular}"), ("terminal", "setting")])
+def test_table_formats(store, fmt, marker):
+    text = tables.format_table(tables.build_table(store, "hand", "depth"), fmt)
+    assert marker in text and "carry" in text and "infiloop" in text
+
+
+def test_figures_are_nonempty_png_and_pdf_and_depth_lines_carry_table_numbers(store, tmp_path):
+    files = figures.plot(store, "hand", "all", tmp_path)
+    names = {f.name for f in files}
+    assert {"hand_depth.png", "hand_depth.pdf", "hand_gamma.png", "hand_perturbation.pdf"} <= names
+    for f in files:
+        assert f.stat().st_size > 1000
+        assert f.read_bytes()[:4] in (b"\x89PNG", b"%PDF")
+    # the depth figure's lines carry the table's means
+    import matplotlib.pyplot as plt
+
+    ctx = tables.load_context(store, "hand")
+    fig, ax = plt.subplots()
+    figures.fig_depth(ctx, ax)
+    lines = {ln.get_label(): ln.get_ydata() for ln in ax.get_lines()}
+    table = tables.build_table(store, "hand", "depth")
+    for setting in ("rule=carry_last", "rule=infiloop"):
+        want = table.filter(table["setting"] == setting).sort("depth_layers")["exact_acc_mean"].to_list()
+        assert list(lines[setting]) == pytest.approx(want)
+    plt.close(fig)
+
+
+def test_pdf_output_is_deterministic(store, tmp_path):
+    a = figures.plot(store, "hand", "depth", tmp_path / "a")
+    b = figures.plot(store, "hand", "depth", tmp_path / "b")
+    for x, y in zip(a, b):
+        assert x.read_bytes() == y.read_bytes(), x.name
+
+
+def test_query_answers_sql_over_the_tables(store):
+    df = tables.sql(store, 'SELECT t."model.carry.rule" AS rule, avg(d.exact_acc) AS acc FROM depth_eval d '
+                           'JOIN trials t ON d.trial_id = t.trial_id WHERE d.difficulty IS NULL AND '
+                           'd.depth_layers = 48 GROUP BY rule ORDER BY rule')
+    assert df["rule"].to_list() == ["carry_last", "infiloop"]
+    assert df["acc"].to_list() == pytest.approx([0.5, 0.8])
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "study.cli", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_analysis_commands_import_neither_torch_nor_ray(store, tmp_path):
+    code = ("import sys, runpy; sys.argv = ['loopstudy'] + sys.argv[1:]\n"
+            "from study.cli import main\n"
+            "rc = main(sys.argv[1:])\n"
+            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'ray'))\n"
+            "print('HEAVY', heavy); sys.exit(rc)")
+    for args in (["table", "depth", "--study", "hand", "--store", store.uri],
+                 ["plot", "depth", "--study", "hand", "--store", store.uri, "--out", str(tmp_path)],
+                 ["query", "SELECT count(*) AS n FROM trials", "--store", store.uri],
+                 ["ls", "--store", store.uri]):
+        proc = subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert "HEAVY []" in proc.stdout, (args, proc.stdout[-300:])
+
+
+def test_bad_input_says_what_exists(store, tmp_path):
+    proc = cli("table", "depth", "--study", "nope", "--store", store.uri)
+    assert proc.returncode == 2 and "no study 'nope'" in proc.stderr and "hand" in proc.stderr
+    proc = cli("table", "wat", "--study", "hand", "--store", store.uri)
+    assert proc.returncode == 2 and "unknown table 'wat'; tables: depth" in proc.stderr
+    proc = cli("plot", "wat", "--study", "hand", "--store", store.uri, "--out", str(tmp_path))
+    assert proc.returncode == 2 and "unknown figure 'wat'; figures: depth" in proc.stderr
+    empty = Store(tmp_path / "empty")
+    empty.write("depth_eval", "e", "t", [{"depth_layers": 1}])
+    proc = cli("table", "depth", "--study", "e", "--store", empty.uri)
+    assert proc.returncode == 2 and "no completed trials" in proc.stderr and "Traceback" not in proc.stderr
+    proc = cli("ls", "--store", store.uri)
+    assert proc.returncode == 0 and "hand" in proc.stdout
+
+
+def test_published_numbers_ship_with_their_sources():
+    pub = tables.published()
+    assert pub.filter((pub["table"] == "depth") & (pub["method"] == "InfiLoop") & (pub["x"] == "24960"))[
+        "value"].item() == 92.7
+    assert pub["source"].null_count() == 0
+    assert json.dumps(sorted(set(pub["table"])))

@@ -1,0 +1,156 @@
+"""Studies on a real Ray cluster (head + 2 worker nodes as separate processes on 127.0.0.1).
+
+Order matters only for speed: the node-kill test goes last (it takes a worker away).
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import polars as pl
+import pytest
+
+from study.store import Store
+
+from .conftest import REPO, local_cluster
+
+pytestmark = pytest.mark.ray
+
+
+def loopstudy(*args, timeout=600, **kw):
+    return subprocess.run([sys.executable, "-m", "study.cli", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, **kw)
+
+
+def complete_ids(root, study):
+    return Store(root).completed_trials(study)
+
+
+def assert_rows_once(root, study, n_trials):
+    store = Store(root)
+    trials = pl.from_arrow(store.read("trials", study))
+    assert trials.height == n_trials and trials["trial_id"].n_unique() == n_trials
+    depth = pl.from_arrow(store.read("depth_eval", study))
+    per = depth.group_by("trial_id").len()
+    assert per.height == n_trials and per["len"].n_unique() == 1  # same rows per trial: none lost, none twice
+    assert depth.select(pl.struct("trial_id", "depth_layers", "difficulty").is_duplicated().any()).item() is False
+
+
+@pytest.fixture(scope="module")
+def smoke_run(ray_cluster, tmp_path_factory):
+    root = tmp_path_factory.mktemp("smoke")
+    proc = loopstudy("run", "search_spaces/smoke.yaml", "--address", ray_cluster["address"], "--storage", str(root),
+                     "--figures", str(root / "figures"))
+    return root, proc
+
+
+def test_smoke_study_runs_end_to_end_through_loopstudy_run(smoke_run):
+    root, proc = smoke_run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "depth_layers" in proc.stdout and "infiloop_both" in proc.stdout  # ends with the depth table
+    assert "done 3/3" in proc.stderr
+    assert_rows_once(root, "smoke", 3)
+    store = Store(root)
+    for table in ("train_curve", "dynamics", "perturbation"):
+        assert len(store.files(table, "smoke")) == 3
+    assert list((root / "figures").glob("smoke_depth.png"))
+
+
+def test_trials_run_on_both_worker_nodes(smoke_run):
+    root, _ = smoke_run
+    nodes = pl.from_arrow(Store(root).read("trials", "smoke"))["node"]
+    assert nodes.n_unique() == 2
+
+
+def test_running_a_finished_study_again_reruns_nothing(smoke_run, ray_cluster):
+    root, _ = smoke_run
+    before = {p: p.stat().st_mtime_ns for p in (root / "trials").rglob("*.parquet")}
+    proc = loopstudy("run", "search_spaces/smoke.yaml", "--address", ray_cluster["address"], "--storage",
+                     str(root), "--no-plot")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "3 trial(s) already complete" in proc.stderr and "nothing to run" in proc.stderr
+    assert {p: p.stat().st_mtime_ns for p in (root / "trials").rglob("*.parquet")} == before
+
+
+def test_submit_runs_a_study_as_a_ray_job(ray_cluster, tmp_path):
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    proc = loopstudy("submit", "tests/specs/tiny.yaml", "--address", ray_cluster["dashboard"], "--storage",
+                     str(tmp_path), "sweep.seeds=[0]")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    job_id = proc.stdout.strip().splitlines()[-1]
+    assert "ray job logs" in proc.stderr and job_id in proc.stderr
+    client = JobSubmissionClient(ray_cluster["dashboard"])
+    deadline = time.time() + 300
+    while client.get_job_status(job_id) not in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
+        assert time.time() < deadline, "job did not finish"
+        time.sleep(2)
+    assert client.get_job_status(job_id) == JobStatus.SUCCEEDED, client.get_job_logs(job_id)[-3000:]
+    assert len(complete_ids(tmp_path, "tiny")) == 2
+
+
+def test_driver_killed_mid_study_then_resume_completes_without_rerunning(ray_cluster, tmp_path):
+    driver = subprocess.Popen([sys.executable, "-m", "study.cli", "run", "tests/specs/tiny.yaml", "--address",
+                               ray_cluster["address"], "--storage", str(tmp_path), "--no-plot"],
+                              cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 300
+    while len(complete_ids(tmp_path, "tiny")) < 1:
+        assert driver.poll() is None, "driver ended before it could be killed"
+        assert time.time() < deadline
+        time.sleep(0.5)
+    os.killpg(driver.pid, signal.SIGKILL)
+    driver.wait()
+    done_before = complete_ids(tmp_path, "tiny")
+    assert 1 <= len(done_before) < 4
+    mtimes = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "trials").rglob("*.parquet")}
+
+    proc = loopstudy("resume", "tiny", "--storage", str(tmp_path), "--address", ray_cluster["address"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(complete_ids(tmp_path, "tiny")) == 4
+    after = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "trials").rglob("*.parquet")}
+    for name, t in mtimes.items():  # trials complete before the resume were not run again
+        assert after[name] == t, name
+    assert_rows_once(tmp_path, "tiny", 4)
+
+
+def node_processes(resource_name: str) -> list[int]:
+    """PIDs of the raylet that carries `resource_name` and of the workers attached to it."""
+    out = subprocess.run(["ps", "-ww", "-eo", "pid=,args="], capture_output=True, text=True).stdout
+    raylet_pid, socket = None, None
+    for line in out.splitlines():
+        pid, _, args = line.strip().partition(" ")
+        resources = next((a.split("=", 1)[1].split(",") for a in args.split()
+                          if a.startswith("--static_resource_list=")), [])
+        if "/raylet " in args and resource_name in resources[::2]:
+            raylet_pid = int(pid)
+            socket = next(a.split("=", 1)[1] for a in args.split() if a.startswith("--raylet_socket_name="))
+    assert raylet_pid is not None, f"no raylet with resource {resource_name}"
+    pids = [raylet_pid]
+    for line in out.splitlines():
+        pid, _, args = line.strip().partition(" ")
+        if socket and f"={socket} " in args + " " and int(pid) != raylet_pid:
+            pids.append(int(pid))
+    return pids
+
+
+def test_worker_node_killed_mid_study_every_trial_still_completes_once(ray_cluster, tmp_path):
+    driver = subprocess.Popen([sys.executable, "-m", "study.cli", "run", "tests/specs/tiny.yaml", "--address",
+                               ray_cluster["address"], "--storage", str(tmp_path), "--no-plot"],
+                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not list((tmp_path / "_tune").rglob("checkpoint_*")):  # trials are mid-training on both workers
+        assert driver.poll() is None, driver.communicate()[1][-3000:]
+        assert time.time() < deadline
+        time.sleep(0.2)
+    for pid in node_processes("w1"):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    out, err = driver.communicate(timeout=600)
+    assert driver.returncode == 0, err[-3000:]
+    assert len(complete_ids(tmp_path, "tiny")) == 4
+    assert_rows_once(tmp_path, "tiny", 4)
+    local_cluster("add-worker", "--name", "w1b", "--port", "6391")  # leave the cluster as we found it
