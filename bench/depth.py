@@ -47,7 +47,7 @@ def run_one(args) -> dict:
     grid = (args.grid, args.grid)
     model = build_reasoner(cfg, vocab=args.grid + 2, seq_len=args.grid**2, grid=grid).to(device).eval()
     tokens = torch.randint(0, args.grid + 2, (args.batch, args.grid**2), device=device)
-    depths = [d for d in args.depths if args.one != "full_attnres" or d <= args.attnres_max_depth]
+    depths = args.attnres_depths if args.one == "full_attnres" else args.depths
     targets = {cfg.steps_for_depth(d): d for d in depths}
     readings = []
     amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.dtype == "bf16")
@@ -90,8 +90,8 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--depths", type=int, nargs="+", default=list(DEPTHS))
-    p.add_argument("--attnres-max-depth", type=int, default=2600,
-                   help="full_attnres is O(T^2): stop it here (its memory growth shows well before 25k)")
+    p.add_argument("--attnres-depths", type=int, nargs="+", default=[260, 520, 1040, 2080],
+                   help="full_attnres is O(T^2) in time: its own, shallower readings (memory growth shows early)")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--one", help=argparse.SUPPRESS)
     args = p.parse_args()

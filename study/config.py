@@ -336,17 +336,35 @@ def trial_id(cfg: TrialConfig) -> str:
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
 
+def allowed_keys(loc: tuple) -> list[str]:
+    """Field names of the config section at `loc` (for 'unknown key' messages)."""
+    cls: Any = TrialConfig
+    hints_of = __import__("typing").get_type_hints
+    for part in loc[:-1]:
+        if not dataclasses.is_dataclass(cls):
+            return []
+        tp = hints_of(cls).get(part)
+        if tp is None:
+            return []
+        cls = tp
+    return [f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls) else []
+
+
 def describe_error(err: ValidationError, source: str) -> str:
-    """One line per problem: file, dotted key, what is wrong."""
+    """One line per problem: file, dotted key, what is wrong and what is allowed."""
     lines = []
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"] if not isinstance(p, int) or True)
+        loc = tuple(p for p in e["loc"] if isinstance(p, str))
+        key = ".".join(loc)
         msg = e["msg"]
-        if e["type"] == "extra_forbidden" or "unexpected keyword" in msg:
-            msg = "unknown key"
-        if e["type"] == "literal_error" and "expected" in e.get("ctx", {}):
+        if e["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
+            allowed = allowed_keys(loc)
+            msg = "unknown key" + (f"; allowed: {', '.join(allowed)}" if allowed else "")
+        elif e["type"] == "literal_error" and "expected" in e.get("ctx", {}):
             msg = f"{e.get('input')!r} is not allowed; allowed: {e['ctx']['expected']}"
-        lines.append(f"{source}: {loc or '(top level)'}: {msg}")
+        elif msg.startswith("Value error, "):
+            msg = msg[len("Value error, "):]
+        lines.append(f"{source}: {key or '(top level)'}: {msg}")
     return "\n".join(lines)
 
 

@@ -210,7 +210,8 @@ def build_tuner(study: Study, root: str, pending: list, threads: int):
         tune.with_resources(trainable, resources),
         param_space=param_space,
         tune_config=tune.TuneConfig(metric="objective", mode=mode, search_alg=search_alg, scheduler=scheduler,
-                                    num_samples=num_samples, max_concurrent_trials=sweep.max_concurrent or None),
+                                    num_samples=num_samples, max_concurrent_trials=sweep.max_concurrent or None,
+                                    reuse_actors=True),  # a fresh worker process per trial costs seconds
         run_config=tune.RunConfig(
             name=spec.name, storage_path=tune_dir(root), verbose=0,
             failure_config=tune.FailureConfig(max_failures=sweep.max_failures),

@@ -183,14 +183,17 @@ def load_study(path: str | Path, overrides: list[str] | None = None) -> Study:
     study = Study(spec, source, data)
     base = spec.base()
     if sweep.optuna is not None:
-        # validate the base and one sample from each end of the space, so type errors show up now
-        for pick in (0, -1):
-            sample = {}
-            for k, p in sweep.optuna.space.items():
-                sample[k] = p.values[pick] if p.type == "choice" else (p.low if pick == 0 else p.high)
-                if p.type == "int":
-                    sample[k] = int(sample[k])
-            build_trial(_with(base, {**sample, "seed": sweep.seeds[0]}), f"{source} (optuna space)")
+        # validate the base at both ends of every range and at every choice, so bad values show up now
+        def pick(p: OptunaParam, end: int):
+            v = p.values[end] if p.type == "choice" else (p.low if end == 0 else p.high)
+            return int(v) if p.type == "int" else v
+
+        space = sweep.optuna.space
+        samples = [{k: pick(p, end) for k, p in space.items()} for end in (0, -1)]
+        for k, p in space.items():
+            samples += [{**samples[0], k: v} for v in (p.values or [])]
+        for sample in samples:
+            build_trial(_with(base, {**sample, "seed": sweep.seeds[0]}), f"{source} (optuna space point {sample})")
         return study
     seen = set()
     for over in grid_points(sweep):

@@ -17,7 +17,7 @@ import sys
 import types
 import typing
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 import pyarrow as pa
@@ -256,6 +256,4 @@ class Store:
 
 
 def now_utc() -> datetime:
-    from datetime import UTC
-
     return datetime.now(UTC)

@@ -9,7 +9,6 @@ exactly as an uninterrupted one.
 from __future__ import annotations
 
 import copy
-import math
 import random
 import time
 from collections.abc import Callable
@@ -206,6 +205,3 @@ class Trainer:
         """The EMA weights in evaluation mode."""
         return self.ema.copy_to(self.model).eval()
 
-
-def batches_for(steps: int, n_sup: int) -> int:
-    return math.ceil(steps / n_sup)

@@ -3,6 +3,7 @@
 Order matters only for speed: the node-kill test goes last (it takes a worker away).
 """
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -145,10 +146,8 @@ def test_worker_node_killed_mid_study_every_trial_still_completes_once(ray_clust
         assert time.time() < deadline
         time.sleep(0.2)
     for pid in node_processes("w1"):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     out, err = driver.communicate(timeout=600)
     assert driver.returncode == 0, err[-3000:]
     assert len(complete_ids(tmp_path, "tiny")) == 4

@@ -26,85 +26,69 @@ matplotlib.rcParams.update({"pdf.fonttype": 42, "ps.fonttype": 42, "svg.hashsalt
                             "figure.dpi": 100, "font.size": 9})
 
 
-def _band(ax, x, mean, ci, label):
-    line, = ax.plot(x, mean, marker="o", ms=3, label=label)
-    lo = [m - (c or 0) for m, c in zip(mean, ci)]
-    hi = [m + (c or 0) for m, c in zip(mean, ci)]
-    ax.fill_between(x, lo, hi, alpha=0.2, color=line.get_color(), linewidth=0)
-    return line
+def _bands(ax, lf: pl.LazyFrame, x: str, value: str, empty: str | None = None) -> None:
+    """One line per setting: the mean of `value` over seeds against `x`, with its 95% CI as a band."""
+    df = aggregate(lf, ["setting", x], [value])
+    if df.height == 0 and empty:
+        raise AnalysisError(empty)
+    for (setting,), g in df.group_by("setting", maintain_order=True):
+        g = g.sort(x)
+        xs, mean = g[x].to_list(), g[f"{value}_mean"].to_list()
+        ci = [c or 0.0 for c in g[f"{value}_ci95"].to_list()]
+        line, = ax.plot(xs, mean, marker="o", ms=3, label=setting)
+        ax.fill_between(xs, [m - c for m, c in zip(mean, ci)], [m + c for m, c in zip(mean, ci)], alpha=0.2,
+                        color=line.get_color(), linewidth=0)
 
 
-def fig_depth(ctx: Context, ax) -> None:
-    df = aggregate(overall(ctx.table("depth_eval")), ["setting", "depth_layers"], ["exact_acc"])
-    for setting, g in df.group_by("setting", maintain_order=True):
-        g = g.sort("depth_layers")
-        _band(ax, g["depth_layers"].to_list(), g["exact_acc_mean"].to_list(), g["exact_acc_ci95"].to_list(),
-              setting[0])
-    pub = published("depth").filter(pl.col("metric") == "exact_acc")
-    markers = {"InfiLoop": "^", "FPRM": "s", "TRM": "v"}
-    for method, g in pub.group_by("method", maintain_order=True):
-        if method[0] in markers:
-            ax.scatter([int(x) for x in g["x"]], [v / 100 for v in g["value"]], marker=markers[method[0]],
-                       facecolors="none", edgecolors="gray", s=30, label=f"{method[0]} [paper, Sudoku-Extreme]")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("executed layers (test-time depth)")
-    ax.set_ylabel("exact accuracy")
-    ax.set_ylim(-0.02, 1.02)
-    ax.set_title("Accuracy vs test-time depth")
+def _labels(ax, title: str, xlabel: str, ylabel: str) -> None:
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
 
 
-def fig_difficulty(ctx: Context, ax) -> None:
-    lf = deepest(ctx.table("depth_eval")).filter(pl.col("difficulty").is_not_null())
-    df = aggregate(lf, ["setting", "difficulty"], ["exact_acc"])
-    for setting, g in df.group_by("setting", maintain_order=True):
-        g = g.sort("difficulty")
-        _band(ax, g["difficulty"].to_list(), g["exact_acc_mean"].to_list(), g["exact_acc_ci95"].to_list(),
-              setting[0])
-    ax.set_xlabel("difficulty (blanks / path length)")
-    ax.set_ylabel("exact accuracy at deepest depth")
-    ax.set_title("Accuracy by difficulty")
+def _by_difficulty(ctx: Context) -> pl.LazyFrame:
+    return deepest(ctx.table("depth_eval")).filter(pl.col("difficulty").is_not_null())
 
 
 def _dynamics(ctx: Context, kind: str) -> pl.LazyFrame:
     return ctx.table("dynamics").filter((pl.col("kind") == kind) & (pl.col("axis") == "outer"))
 
 
+def fig_depth(ctx: Context, ax) -> None:
+    _bands(ax, overall(ctx.table("depth_eval")), "depth_layers", "exact_acc")
+    pub = published("depth").filter(pl.col("metric") == "exact_acc")
+    markers = {"InfiLoop": "^", "FPRM": "s", "TRM": "v"}
+    for (method,), g in pub.group_by("method", maintain_order=True):
+        if method in markers:
+            ax.scatter([int(x) for x in g["x"]], [v / 100 for v in g["value"]], marker=markers[method],
+                       facecolors="none", edgecolors="gray", s=30, label=f"{method} [paper, Sudoku-Extreme]")
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(-0.02, 1.02)
+    _labels(ax, "Accuracy vs test-time depth", "executed layers (test-time depth)", "exact accuracy")
+
+
+def fig_difficulty(ctx: Context, ax) -> None:
+    _bands(ax, _by_difficulty(ctx), "difficulty", "exact_acc")
+    _labels(ax, "Accuracy by difficulty", "difficulty (blanks / path length)", "exact accuracy at deepest depth")
+
+
 def fig_gamma(ctx: Context, ax) -> None:
-    df = aggregate(_dynamics(ctx, "aligned"), ["setting", "offset"], ["gamma_mean"])
-    if df.height == 0:
-        raise AnalysisError("no InfiLoop outer-axis dynamics in this study (gamma needs rule=infiloop)")
-    for setting, g in df.group_by("setting", maintain_order=True):
-        g = g.sort("offset")
-        _band(ax, g["offset"].to_list(), g["gamma_mean_mean"].to_list(), g["gamma_mean_ci95"].to_list(), setting[0])
+    _bands(ax, _dynamics(ctx, "aligned"), "offset", "gamma_mean",
+           empty="no InfiLoop outer-axis dynamics in this study (gamma needs rule=infiloop)")
     ax.axvline(0, color="gray", lw=0.8, ls="--")
-    ax.set_xlabel("updates relative to the solving update")
-    ax.set_ylabel("step size gamma_t (outer axis)")
-    ax.set_title("Step size aligned to the solving update")
+    _labels(ax, "Step size aligned to the solving update", "updates relative to the solving update",
+            "step size gamma_t (outer axis)")
 
 
 def fig_score(ctx: Context, ax) -> None:
-    df = aggregate(_dynamics(ctx, "score_vs_wrong"), ["setting", "wrong_cells"], ["score_median"])
-    if df.height == 0:
-        raise AnalysisError("no InfiLoop content scores in this study (needs rule=infiloop)")
-    for setting, g in df.group_by("setting", maintain_order=True):
-        g = g.sort("wrong_cells")
-        _band(ax, g["wrong_cells"].to_list(), g["score_median_mean"].to_list(), g["score_median_ci95"].to_list(),
-              setting[0])
-    ax.set_xlabel("wrong cells")
-    ax.set_ylabel("content score s_t (median)")
-    ax.set_title("Content score vs wrong cells")
+    _bands(ax, _dynamics(ctx, "score_vs_wrong"), "wrong_cells", "score_median",
+           empty="no InfiLoop content scores in this study (needs rule=infiloop)")
+    _labels(ax, "Content score vs wrong cells", "wrong cells", "content score s_t (median)")
 
 
 def fig_eff_layers(ctx: Context, ax) -> None:
-    lf = deepest(ctx.table("depth_eval")).filter(pl.col("difficulty").is_not_null())
-    df = aggregate(lf, ["setting", "difficulty"], ["eff_layers"])
-    for setting, g in df.group_by("setting", maintain_order=True):
-        g = g.sort("difficulty")
-        _band(ax, g["difficulty"].to_list(), g["eff_layers_mean"].to_list(), g["eff_layers_ci95"].to_list(),
-              setting[0])
-    ax.set_xlabel("difficulty (blanks / path length)")
-    ax.set_ylabel("effective layers")
-    ax.set_title("Effective layers vs difficulty")
+    _bands(ax, _by_difficulty(ctx), "difficulty", "eff_layers")
+    _labels(ax, "Effective layers vs difficulty", "difficulty (blanks / path length)", "effective layers")
 
 
 def fig_perturbation(ctx: Context, ax) -> None:
@@ -115,10 +99,8 @@ def fig_perturbation(ctx: Context, ax) -> None:
         g = g.sort("updates_after")
         ax.plot(g["updates_after"].to_list(), g["solved_kept_mean"].to_list(), label=f"{setting} eps={eps:g}",
                 lw=1)
-    ax.set_xlabel("updates after the perturbation")
-    ax.set_ylabel("solved puzzles kept")
     ax.set_ylim(-0.02, 1.02)
-    ax.set_title("Perturbation retention")
+    _labels(ax, "Perturbation retention", "updates after the perturbation", "solved puzzles kept")
 
 
 FIGURES: dict[str, Callable[[Context, plt.Axes], None]] = {

@@ -178,7 +178,3 @@ def build_reasoner(cfg: ModelConfig, vocab: int, seq_len: int, grid: tuple[int, 
     cls = NestedReasoner if cfg.kind == "nested" else FlatReasoner
     return cls(cfg, vocab, seq_len, grid)
 
-
-def with_overrides(cfg: ModelConfig, **changes) -> ModelConfig:
-    """A copy of cfg with some fields changed (e.g. evaluation at other H / L than training)."""
-    return dataclasses.replace(cfg, **changes)
