@@ -227,10 +227,42 @@ class Store:
             return load(good) if good else full_schema.empty_table()
 
     def scan(self, table: str, study: str | None = None, skip_bad: bool = False):
-        """The table as a Polars LazyFrame."""
+        """The table as a Polars frame (read eagerly, returned lazy), with a `study` column.
+
+        Local stores are read by Polars' own multi-threaded Parquet reader (pyarrow's per-file dataset overhead
+        dominates with thousands of small files); object stores go through pyarrow.fs (read()).
+        """
         import polars as pl
 
-        return pl.from_arrow(self.read(table, study, skip_bad)).lazy()
+        if not self.local:
+            # one chunk per file would make the conversion crawl over many tiny chunks: combine them first
+            return pl.from_arrow(self.read(table, study, skip_bad).combine_chunks()).lazy()
+        sch = pl.from_arrow(schema(table).empty_table()).schema
+        frames = []
+        for s in [study] if study else self.studies():
+            files = self.files(table, s)
+            if not files:
+                continue
+            try:
+                df = pl.scan_parquet(files, schema=sch, missing_columns="insert", extra_columns="ignore").collect()
+            except (pl.exceptions.PolarsError, OSError) as err:
+                bad = self._bad_files(files)
+                if not bad:
+                    raise StoreError(f"reading table {table} from {self.uri}: {err}") from None
+                if not skip_bad:
+                    listing = "; ".join(f"{f}: {why}" for f, why in bad.items())
+                    raise StoreError(f"corrupt Parquet file(s) in {table}: {listing}. "
+                                     "Pass --skip-bad (skip_bad=True) to read the rest.") from None
+                for f in bad:
+                    print(f"loopstudy: skipping corrupt file {f}", file=sys.stderr)
+                good = [f for f in files if f not in bad]
+                if not good:
+                    continue
+                df = pl.scan_parquet(good, schema=sch, missing_columns="insert", extra_columns="ignore").collect()
+            frames.append(df.with_columns(pl.lit(s).alias("study")))
+        if not frames:
+            return pl.DataFrame(schema={**sch, "study": pl.String}).lazy()
+        return pl.concat(frames).lazy()
 
     def put_text(self, rel: str, text: str) -> None:
         """A small text file under the root (e.g. _studies/<name>.yaml); readers of tables ignore '_' dirs."""

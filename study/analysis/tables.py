@@ -106,11 +106,10 @@ def load_context(store: Store, study: str, skip_bad: bool = False) -> Context:
     studies = store.studies()
     if study not in studies:
         raise AnalysisError(f"no study {study!r} in {store.uri}; studies there: {', '.join(studies) or 'none'}")
-    trials = store.read("trials", study, skip_bad)
-    if trials.num_rows == 0:
+    df = store.scan("trials", study, skip_bad).filter(pl.col("status") == "complete").collect()
+    if df.height == 0:
         raise AnalysisError(f"study {study!r} has no completed trials yet in {store.uri} "
                             "(run `loopstudy status` to see what is pending)")
-    df = pl.from_arrow(trials).filter(pl.col("status") == "complete")
     axes = varying_columns(df)
     return Context(store, study, with_setting(df, axes), axes, skip_bad)
 
