@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The CPU showcase (issue: README "Results"): three studies on the embedded Ray, then the tables and figures the
-# README shows, regenerated from the stored Parquet alone. About 35-45 minutes on 2 cores.
+# README shows, regenerated from the stored Parquet alone. About 45-60 minutes on 2 cores (see the specs' notes).
+# Interrupted? Run it again: trials complete in storage are skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STORE=${STORE:-results/showcase}
