@@ -178,6 +178,7 @@ def progress_callback(study_name: str, total: int, mode: str):
 # -- running -----------------------------------------------------------------------------------------------------------
 def build_tuner(study: Study, root: str, pending: list, threads: int):
     from ray import tune
+    from ray.tune.logger import JsonLoggerCallback
 
     spec, sweep = study.spec, study.spec.sweep
     common = {"store": root, "study": spec.name, "threads": threads,
@@ -216,7 +217,8 @@ def build_tuner(study: Study, root: str, pending: list, threads: int):
             name=spec.name, storage_path=tune_dir(root), verbose=0,
             failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
-            callbacks=[progress_callback(spec.name, total, mode)],
+            # result.json only (Tune's ResultGrid reads it); the auto loggers are off, see init_ray
+            callbacks=[progress_callback(spec.name, total, mode), JsonLoggerCallback()],
         ),
     )
     return tuner
