@@ -197,6 +197,19 @@ class Store:
                 bad[f] = str(e).splitlines()[0]
         return bad
 
+    def _readable(self, table: str, files: list[str], err: Exception, skip_bad: bool) -> list[str]:
+        """After a failed read: name the corrupt files (StoreError), or with skip_bad return the others."""
+        bad = self._bad_files(files)
+        if not bad:
+            raise StoreError(f"reading table {table} from {self.uri}: {err}") from None
+        if not skip_bad:
+            listing = "; ".join(f"{f}: {why}" for f, why in bad.items())
+            raise StoreError(f"corrupt Parquet file(s) in {table}: {listing}. "
+                             "Pass --skip-bad (skip_bad=True) to read the rest.") from None
+        for f in bad:
+            print(f"loopstudy: skipping corrupt file {f}", file=sys.stderr)
+        return [f for f in files if f not in bad]
+
     def read(self, table: str, study: str | None = None, skip_bad: bool = False) -> pa.Table:
         """All rows of `table` (one study or all), with a `study` column, under the table's current schema."""
         sch = schema(table)
@@ -214,16 +227,7 @@ class Store:
         try:
             return load(files)
         except (pa.ArrowException, OSError) as err:
-            bad = self._bad_files(files)
-            if not bad:
-                raise StoreError(f"reading table {table} from {self.uri}: {err}") from None
-            if not skip_bad:
-                listing = "; ".join(f"{f}: {why}" for f, why in bad.items())
-                raise StoreError(f"corrupt Parquet file(s) in {table}: {listing}. "
-                                 "Pass --skip-bad (skip_bad=True) to read the rest.") from None
-            for f in bad:
-                print(f"loopstudy: skipping corrupt file {f}", file=sys.stderr)
-            good = [f for f in files if f not in bad]
+            good = self._readable(table, files, err, skip_bad)
             return load(good) if good else full_schema.empty_table()
 
     def scan(self, table: str, study: str | None = None, skip_bad: bool = False):
@@ -246,16 +250,7 @@ class Store:
             try:
                 df = pl.scan_parquet(files, schema=sch, missing_columns="insert", extra_columns="ignore").collect()
             except (pl.exceptions.PolarsError, OSError) as err:
-                bad = self._bad_files(files)
-                if not bad:
-                    raise StoreError(f"reading table {table} from {self.uri}: {err}") from None
-                if not skip_bad:
-                    listing = "; ".join(f"{f}: {why}" for f, why in bad.items())
-                    raise StoreError(f"corrupt Parquet file(s) in {table}: {listing}. "
-                                     "Pass --skip-bad (skip_bad=True) to read the rest.") from None
-                for f in bad:
-                    print(f"loopstudy: skipping corrupt file {f}", file=sys.stderr)
-                good = [f for f in files if f not in bad]
+                good = self._readable(table, files, err, skip_bad)
                 if not good:
                     continue
                 df = pl.scan_parquet(good, schema=sch, missing_columns="insert", extra_columns="ignore").collect()
