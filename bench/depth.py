@@ -1,9 +1,11 @@
 """Benchmark: test-time depth to 24,960 layers with carry_last, InfiLoop (both axes) and full_attnres.
 
-Random weights, nested reasoner H6 L12 n_layers 2 (26 layers per outer cycle). For each rule a fresh subprocess
-rolls out once to the deepest depth and takes readings at ~1k, 5k and 25k layers: layers/s so far, the bytes held
-by the rollout state, and memory in use (CUDA: allocated bytes; CPU: resident set size). Rules alternate over
-`--repeats` rounds in one run; each rule's best round counts. The last line printed is JSON.
+Random weights, nested reasoner H6 L12 n_layers 2 (26 layers per outer cycle), readings at ~1k, 5k and 25k layers.
+- Memory: each rule rolls out alone in a fresh subprocess: the bytes held by the rollout state and memory in use
+  (CUDA: allocated bytes; CPU: resident set size). full_attnres (O(T^2) time) gets its own shallower depths.
+- Time: carry_last and InfiLoop roll out side by side in one process, taking turns every `--chunk` outer cycles,
+  so both see the same machine; InfiLoop's time ratio comes from this run.
+The last line printed is JSON.
 
   python bench/depth.py                      # CPU-small defaults
   python bench/depth.py --device cuda --hidden 512 --heads 8 --grid 9 --batch 256 --dtype bf16
@@ -19,6 +21,7 @@ import sys
 import time
 
 DEPTHS = (1040, 5200, 24960)  # 40, 200 and 960 outer cycles of 26 layers
+PAIR = ("carry_last", "infiloop")  # timed side by side
 
 
 def rss_bytes() -> int:
@@ -33,8 +36,8 @@ def state_bytes(state) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def run_one(args) -> dict:
-    """Roll out one rule to the deepest depth (in this process) and return its readings."""
+def build(args, rule: str):
+    """The random-weight reasoner for one rule (seeded: every rule gets the same weights and tokens)."""
     import torch
 
     from study.models import CarryConfig, ModelConfig, build_reasoner
@@ -43,27 +46,38 @@ def run_one(args) -> dict:
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     cfg = ModelConfig(hidden=args.hidden, heads=args.heads, n_layers=2, H=6, L=12,
-                      carry=CarryConfig(rule=args.one, placement="both"))
+                      carry=CarryConfig(rule=rule, placement="both"))
     grid = (args.grid, args.grid)
     model = build_reasoner(cfg, vocab=args.grid + 2, seq_len=args.grid**2, grid=grid).to(device).eval()
     tokens = torch.randint(0, args.grid + 2, (args.batch, args.grid**2), device=device)
+    amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.dtype == "bf16")
+    return cfg, model, tokens, amp
+
+
+def sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def run_one(args) -> dict:
+    """Roll out one rule to the deepest depth (alone in this process): memory and state readings."""
+    import torch
+
+    cfg, model, tokens, amp = build(args, args.one)
+    device = tokens.device
     depths = args.attnres_depths if args.one == "full_attnres" else args.depths
     targets = {cfg.steps_for_depth(d): d for d in depths}
     readings = []
-    amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.dtype == "bf16")
-
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    sync()
+    sync(device)
     t0 = time.perf_counter()
 
     def on_step(state):
         if state.steps in targets:
-            sync()
+            sync(device)
             elapsed = time.perf_counter() - t0
             mem = torch.cuda.memory_allocated() if device.type == "cuda" else rss_bytes()
             layers = state.steps * cfg.layers_per_step
@@ -80,6 +94,52 @@ def run_one(args) -> dict:
     return out
 
 
+def side_by_side(args) -> dict:
+    """Time carry_last and InfiLoop in one process, alternating chunks of `--chunk` steps (and which goes first).
+
+    A shared machine drifts over a minute-long rollout; run back to back, one rule would get the quiet minute and
+    the other the busy one. Interleaved, both see the same conditions, so their time ratio is the carry's cost.
+    """
+    import torch
+
+    runs = {rule: build(args, rule) for rule in PAIR}
+    cfg = runs[PAIR[0]][0]
+    targets = sorted(cfg.steps_for_depth(d) for d in args.depths)
+    device = runs[PAIR[0]][2].device
+    seconds = dict.fromkeys(PAIR, 0.0)
+    readings: dict[str, list] = {rule: [] for rule in PAIR}
+    with torch.no_grad():
+        states, inputs = {}, {}
+        for rule, (_, model, tokens, amp) in runs.items():
+            with amp:
+                inputs[rule] = model.embed(tokens)
+                states[rule] = model.init_state(inputs[rule])
+                model.step(model.step(states[rule], inputs[rule]), inputs[rule])  # warm-up, not timed or kept
+        done, chunk_i = 0, 0
+        while done < targets[-1]:
+            n = min(args.chunk, next(t for t in targets if t > done) - done)
+            order = PAIR if chunk_i % 2 == 0 else PAIR[::-1]
+            for rule in order:
+                _, model, _, amp = runs[rule]
+                sync(device)
+                t0 = time.perf_counter()
+                with amp:
+                    for _ in range(n):
+                        states[rule] = model.step(states[rule], inputs[rule])
+                sync(device)
+                seconds[rule] += time.perf_counter() - t0
+            done += n
+            chunk_i += 1
+            if done in targets:
+                layers = done * cfg.layers_per_step
+                for rule in PAIR:
+                    readings[rule].append({"depth_layers": layers, "seconds": seconds[rule],
+                                           "layers_per_s": layers / seconds[rule]})
+                print(f"side by side, depth {layers:6d}: " + ", ".join(
+                    f"{r} {seconds[r]:7.1f} s" for r in PAIR), file=sys.stderr)
+    return readings
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu")
@@ -92,46 +152,50 @@ def main() -> None:
     p.add_argument("--depths", type=int, nargs="+", default=list(DEPTHS))
     p.add_argument("--attnres-depths", type=int, nargs="+", default=[260, 520, 1040, 2080],
                    help="full_attnres is O(T^2) in time: its own, shallower readings (memory growth shows early)")
-    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--chunk", type=int, default=10, help="outer cycles per turn in the side-by-side timing")
     p.add_argument("--one", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:
         print(json.dumps(run_one(args)))
         return
 
+    # Memory: each rule alone in a fresh process (resident memory is per process).
     passthrough = list(sys.argv[1:])
-    best: dict[str, dict] = {}
-    rounds = [("carry_last", "infiloop")] * args.repeats + [("full_attnres",)]
-    for i, rules in enumerate(rounds):
-        for rule in rules:
-            proc = subprocess.run([sys.executable, __file__, *passthrough, "--one", rule],
-                                  capture_output=True, text=True, check=True)
-            res = json.loads(proc.stdout.strip().splitlines()[-1])
-            last = res["readings"][-1]
-            print(f"round {i} {rule:13s} depth {last['depth_layers']:6d}: {last['layers_per_s']:9.0f} layers/s, "
-                  f"state {last['state_bytes'] / 2**20:8.2f} MiB, memory {last['memory_bytes'] / 2**20:8.1f} MiB",
-                  file=sys.stderr)
-            if rule not in best or last["seconds"] < best[rule]["readings"][-1]["seconds"]:
-                best[rule] = res
+    alone: dict[str, dict] = {}
+    for rule in (*PAIR, "full_attnres"):
+        proc = subprocess.run([sys.executable, __file__, *passthrough, "--one", rule],
+                              capture_output=True, text=True, check=True)
+        alone[rule] = json.loads(proc.stdout.strip().splitlines()[-1])
+        last = alone[rule]["readings"][-1]
+        print(f"alone {rule:13s} depth {last['depth_layers']:6d}: {last['layers_per_s']:9.0f} layers/s, "
+              f"state {last['state_bytes'] / 2**20:8.2f} MiB, memory {last['memory_bytes'] / 2**20:8.1f} MiB",
+              file=sys.stderr)
+    # Time: the pair side by side in this process.
+    timed = side_by_side(args)
 
-    def at(rule, depth, key):
-        return next(r[key] for r in best[rule]["readings"] if r["depth_layers"] == depth)
+    def at(readings, depth, key):
+        return next(r[key] for r in readings if r["depth_layers"] == depth)
 
-    deep, shallow = max(args.depths), min(args.depths)
+    deep, shallow = (max(args.depths), min(args.depths))
+    deep_layers = max(r["depth_layers"] for r in timed["infiloop"])
+    mem = {rule: alone[rule]["readings"] for rule in PAIR}
     summary = {
         "bench": "depth",
-        "config": {k: getattr(args, k) for k in ("device", "dtype", "hidden", "heads", "grid", "batch", "threads")},
-        "rules": best,
-        "infiloop_time_ratio_vs_carry_last": at("infiloop", deep, "seconds") / at("carry_last", deep, "seconds"),
-        "infiloop_memory_ratio_vs_carry_last": at("infiloop", deep, "memory_bytes")
-        / at("carry_last", deep, "memory_bytes"),
-        "infiloop_memory_deep_over_shallow": at("infiloop", deep, "memory_bytes")
-        / at("infiloop", shallow, "memory_bytes"),
-        "infiloop_state_bytes_deep_over_shallow": at("infiloop", deep, "state_bytes")
-        / at("infiloop", shallow, "state_bytes"),
-        "infiloop_finite_at_deepest": at("infiloop", deep, "finite"),
+        "config": {k: getattr(args, k) for k in ("device", "dtype", "hidden", "heads", "grid", "batch", "threads",
+                                                 "chunk")},
+        "side_by_side": timed,
+        "alone": alone,
+        "infiloop_time_ratio_vs_carry_last": at(timed["infiloop"], deep_layers, "seconds")
+        / at(timed["carry_last"], deep_layers, "seconds"),
+        "infiloop_memory_ratio_vs_carry_last": at(mem["infiloop"], deep, "memory_bytes")
+        / at(mem["carry_last"], deep, "memory_bytes"),
+        "infiloop_memory_deep_over_shallow": at(mem["infiloop"], deep, "memory_bytes")
+        / at(mem["infiloop"], shallow, "memory_bytes"),
+        "infiloop_state_bytes_deep_over_shallow": at(mem["infiloop"], deep, "state_bytes")
+        / at(mem["infiloop"], shallow, "state_bytes"),
+        "infiloop_finite_at_deepest": at(mem["infiloop"], deep, "finite"),
     }
-    att = best["full_attnres"]["readings"]
+    att = alone["full_attnres"]["readings"]
     summary["full_attnres_state_bytes_growth"] = att[-1]["state_bytes"] / att[0]["state_bytes"]
     summary["full_attnres_depths"] = [r["depth_layers"] for r in att]
     print(json.dumps(summary))

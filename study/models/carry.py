@@ -18,6 +18,8 @@ from torch import nn
 from study.config import RULES, CarryConfig
 from study.models.block import rms_norm
 
+RMS_EPS = 1e-5  # as block.rms_norm
+
 
 @dataclass
 class CarryState:
@@ -63,7 +65,12 @@ def infiloop_update(
     if q is None:
         s = torch.zeros_like(zf[..., :1])
     else:
-        s = (rms_norm(zf) @ q.to(zf.dtype)).unsqueeze(-1).clamp(max=clip)
+        # q . RMSNorm(z) = (q . z) / rms(z): a mat-vec and one fused norm over (B, S, d), the rest on (B, S, 1),
+        # instead of materialising the normalised (B, S, d) tensor (fewer kernels: this runs every layer).
+        # Out of place: the norm's backward needs its result.
+        num = zf @ q.to(zf.dtype).unsqueeze(-1)
+        mean_sq = torch.linalg.vector_norm(zf, dim=-1, keepdim=True).square() / zf.shape[-1]
+        s = (num * torch.rsqrt(mean_sq + RMS_EPS)).clamp(max=clip)
     log_d = torch.logaddexp(log_d_prev + log_beta, s)
     gamma = torch.exp(s - log_d)
     h = torch.lerp(h_prev, zf, gamma)  # h_{t-1} + gamma_t (z_t - h_{t-1})
