@@ -9,6 +9,7 @@ perturbation test restarts from a snapshot at update u with noise of relative si
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -101,8 +102,13 @@ def axis_state(state: LoopState, axis: str):
 
 # -- the rollout -------------------------------------------------------------------------------------------------
 @torch.no_grad()
-def evaluate(model: Reasoner, task: Task, cfg: EvalConfig, device: str = "cpu") -> EvalResult:
-    """Readings at every target depth from one rollout per batch, plus the diagnostics."""
+def evaluate(model: Reasoner, task: Task, cfg: EvalConfig, device: str = "cpu",
+             on_progress: Callable[[int, int], None] | None = None) -> EvalResult:
+    """Readings at every target depth from one rollout per batch, plus the diagnostics.
+
+    on_progress(done, total) is called after every step, counting steps over all batches (a rollout to 24,960
+    layers is minutes on a CPU: callers turn this into progress reports).
+    """
     mcfg = cfg.model_config(model.cfg)
     if mcfg != model.cfg:  # same weights, other cycle counts / halting
         spec = task.spec
@@ -123,7 +129,8 @@ def evaluate(model: Reasoner, task: Task, cfg: EvalConfig, device: str = "cpu") 
     readings: dict[int, list[tuple]] = {d: [] for d in depths}
     traj_parts: list[dict] = []
     snapshots: list[tuple[LoopState, torch.Tensor, Split]] = []
-    for start in range(0, len(data), cfg.batch_size):
+    n_batches = -(-len(data) // cfg.batch_size)
+    for b, start in enumerate(range(0, len(data), cfg.batch_size)):
         batch = data.take(slice(start, start + cfg.batch_size))
         tokens = torch.as_tensor(batch.inputs, device=device)
         x = model.embed(tokens)
@@ -132,6 +139,8 @@ def evaluate(model: Reasoner, task: Task, cfg: EvalConfig, device: str = "cpu") 
                 **{f"score_{a}": [] for a in axes}}
         for step in range(1, total_steps + 1):
             state = model.step(state, x)
+            if on_progress is not None:
+                on_progress(b * total_steps + step, n_batches * total_steps)
             if step in target_steps:
                 pred = model.logits(state).argmax(-1).cpu().numpy()
                 readings[target_steps[step]].append(

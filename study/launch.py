@@ -23,6 +23,8 @@ from study.spec import Study, check_resources
 from study.store import Store
 
 CKPT_FILE = "trainer.pt"
+EVAL_REPORT_S = 15.0  # a trial reports evaluation progress at most this often
+STATUS_EVERY_S = 30.0  # the driver prints what the running trials are doing at most this often
 
 
 def eprint(*a) -> None:
@@ -56,10 +58,23 @@ def trainable(config: dict[str, Any]) -> None:
         return
 
     last = {"train_exact_acc": 0.0, "train_loss": float("nan"), "step": 0}
+    # phase/progress let the driver show what each running trial is doing (an evaluation can take many minutes)
+    steps = max(1, cfg.train.steps)
 
     def on_log(log) -> None:
         last.update(train_exact_acc=log.exact_acc, train_loss=log.loss, step=log.step)
-        tune.report({"trial_id": tid, "objective": log.exact_acc, "node": node, **last})
+        tune.report({"trial_id": tid, "objective": log.exact_acc, "node": node, **last,
+                     "phase": "train", "progress": log.step / steps})
+
+    next_eval_report = [time.monotonic() + EVAL_REPORT_S]
+
+    def on_eval_progress(done: int, total: int) -> None:
+        # Not under ASHA: every report is a training_iteration to its rungs, and a trial stopped mid-evaluation
+        # would lose all its results.
+        if config.get("eval_reports", True) and time.monotonic() >= next_eval_report[0]:
+            next_eval_report[0] = time.monotonic() + EVAL_REPORT_S
+            tune.report({"trial_id": tid, "objective": last["train_exact_acc"], "node": node, **last,
+                         "phase": "eval", "progress": done / total})
 
     def checkpoint(trainer) -> None:
         with tempfile.TemporaryDirectory() as d:
@@ -74,7 +89,7 @@ def trainable(config: dict[str, Any]) -> None:
                 trainer.load(Path(d) / CKPT_FILE)
 
     metrics, _ = run_trial(cfg, study_name=study_name, store=store, on_log=on_log, checkpoint=checkpoint,
-                           resume=resume, node=node)
+                           resume=resume, on_eval_progress=on_eval_progress, node=node)
     tune.report({"trial_id": tid, "objective": metrics[metric], "node": node, **last, **metrics})
 
 
@@ -139,15 +154,18 @@ def tune_dir(root: str) -> str:
 
 
 # -- progress ----------------------------------------------------------------------------------------------------------
-def progress_callback(study_name: str, total: int, mode: str):
+def progress_callback(study_name: str, total: int, mode: str, status_every_s: float = STATUS_EVERY_S):
     from ray.tune import Callback
 
     class Progress(Callback):
-        """Prints one line per change: trials done / running / failed, best objective so far."""
+        """Prints one line per change (trials done / running / failed, best objective so far) and, at most every
+        `status_every_s`, one line saying what each running trial is doing (train or eval, percent done)."""
 
         def __init__(self):
             self.done = self.failed = self.running = 0
             self.best: float | None = None
+            self.doing: dict[str, str] = {}  # running trial -> "train 40%" / "eval 12%"
+            self.next_status = time.monotonic() + status_every_s
 
         def _line(self, what: str) -> None:
             best = "-" if self.best is None else f"{self.best:.3f}"
@@ -158,7 +176,15 @@ def progress_callback(study_name: str, total: int, mode: str):
             self.running = sum(t.status == "RUNNING" for t in trials)
             self._line(f"started {trial.trial_id}")
 
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            if "phase" in result:
+                self.doing[trial.trial_id] = f"{result['phase']} {100 * result.get('progress', 0):.0f}%"
+            if time.monotonic() >= self.next_status and self.doing:
+                self.next_status = time.monotonic() + status_every_s
+                eprint(f"[{study_name}] running: " + ", ".join(f"{t} {d}" for t, d in sorted(self.doing.items())))
+
         def on_trial_complete(self, iteration, trials, trial, **info):
+            self.doing.pop(trial.trial_id, None)
             self.done += 1
             self.running = max(0, sum(t.status == "RUNNING" for t in trials) - 1)
             value = (trial.last_result or {}).get("objective")
@@ -168,6 +194,7 @@ def progress_callback(study_name: str, total: int, mode: str):
             self._line(f"finished {tid}")
 
         def on_trial_error(self, iteration, trials, trial, **info):
+            self.doing.pop(trial.trial_id, None)
             self.failed += 1
             self.running = max(0, sum(t.status == "RUNNING" for t in trials) - 1)
             self._line(f"failed {trial.trial_id}")
@@ -182,7 +209,7 @@ def build_tuner(study: Study, root: str, pending: list, threads: int):
 
     spec, sweep = study.spec, study.spec.sweep
     common = {"store": root, "study": spec.name, "threads": threads,
-              "metric": sweep.optuna.metric if sweep.optuna else "final_exact_acc"}
+              "metric": sweep.optuna.metric if sweep.optuna else "final_exact_acc", "eval_reports": sweep.asha is None}
     mode = sweep.optuna.mode if sweep.optuna else "max"
     search_alg, num_samples, scheduler = None, 1, None
     if sweep.optuna is not None:

@@ -54,12 +54,13 @@ def run_trial(
     checkpoint: Callable[[Trainer], None] | None = None,
     resume: Callable[[Trainer], None] | None = None,
     on_phase: Callable[[str], None] | None = None,
+    on_eval_progress: Callable[[int, int], None] | None = None,
     node: str | None = None,
 ) -> tuple[dict[str, float], EvalResult]:
     """Train and evaluate one configuration; returns (summary metrics, evaluation rows).
 
     checkpoint(trainer) is called every train.checkpoint_every batches; resume(trainer) may load a checkpoint
-    into the fresh trainer before training starts.
+    into the fresh trainer before training starts; on_eval_progress(done, total) follows the evaluation's steps.
     """
     tid = trial_id(cfg)
     started = now_utc()
@@ -77,7 +78,7 @@ def run_trial(
     history = trainer.fit(on_log=on_log, checkpoint=checkpoint)
     if on_phase:
         on_phase("evaluating")
-    result = evaluate(trainer.eval_model(), task, cfg.eval, cfg.train.device)
+    result = evaluate(trainer.eval_model(), task, cfg.eval, cfg.train.device, on_progress=on_eval_progress)
     metrics = summary_metrics(result, history)
     if store is not None:
         store.write("train_curve", study_name, tid, [vars(h) for h in history])

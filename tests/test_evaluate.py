@@ -30,6 +30,16 @@ def test_one_rollout_read_at_several_depths_equals_separate_rollouts(task, rule)
         assert a == b
 
 
+def test_evaluation_reports_progress_over_every_step_of_every_batch(task):
+    cfg = ModelConfig(hidden=16, heads=2, n_layers=1, H=2, L=1)
+    model = build_reasoner(cfg, task.spec.vocab, task.spec.seq_len, task.spec.grid)
+    seen = []
+    evaluate(model, task, EvalConfig(depths=[2, 10], batch_size=16), on_progress=lambda d, t: seen.append((d, t)))
+    total = seen[-1][1]
+    assert [d for d, _ in seen] == list(range(1, total + 1))  # 40 puzzles in 3 batches, every step counted once
+    assert total == 3 * 5 and {t for _, t in seen} == {total}
+
+
 def test_evaluation_with_other_cycle_counts_and_bad_depths(task):
     cfg = ModelConfig(hidden=16, heads=2, n_layers=2, H=2, L=1)
     model = build_reasoner(cfg, task.spec.vocab, task.spec.seq_len, task.spec.grid)

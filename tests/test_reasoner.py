@@ -144,3 +144,19 @@ def test_sequence_grid_uses_a_1d_conv():
 def test_bad_model_config_is_refused_naming_the_field(kw, field):
     with pytest.raises(ValueError, match=field):
         ModelConfig(**kw)
+
+
+@pytest.mark.parametrize("kind", ["nested", "flat"])
+def test_once_every_sample_halted_steps_run_no_block_and_change_nothing(kind):
+    # tau far above any relative residual: every sample halts on its first step
+    model = small(kind=kind, rule="damped" if kind == "flat" else "infiloop",
+                  halting=HaltingConfig(enabled=True, tau=1e6)).eval()
+    tokens = torch.randint(0, 6, (3, 16))
+    calls = count_block_calls(model)
+    after_one = model.rollout(tokens, 1)
+    per_step = len(calls)
+    after_many = model.rollout(tokens, 50)
+    assert len(calls) == 2 * per_step  # the second rollout's 49 later steps ran no block
+    assert after_many.steps == 50
+    torch.testing.assert_close(after_many.outer.h, after_one.outer.h)
+    assert after_many.halt.eff_layers.tolist() == [model.layers_per_step] * 3

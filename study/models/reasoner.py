@@ -80,6 +80,11 @@ class Reasoner(nn.Module):
 
     def step(self, state: LoopState, x: torch.Tensor) -> LoopState:
         """One outer cycle / iteration with halting: halted samples keep their state frozen."""
+        if self.cfg.halting.enabled and not torch.is_grad_enabled() and bool(state.halt.halted.all()):
+            # Every sample is frozen: the step would change nothing but the count. Skipping the block makes a
+            # halting model's deep readings (up to 24,960 layers) cost only the layers it actually executes.
+            # (Not with gradient: the loss must keep its path to the parameters, even if it carries zeros.)
+            return LoopState(state.outer, state.inner, state.halt, state.steps + 1)
         new, residual = self._step(state, x)
         halt = advance_halting(self.cfg.halting, state.halt, residual, self.layers_per_step)
         outer, inner = new.outer, new.inner
