@@ -171,3 +171,16 @@ def test_published_numbers_ship_with_their_sources():
         "value"].item() == 92.7
     assert pub["source"].null_count() == 0
     assert json.dumps(sorted(set(pub["table"])))
+
+
+def test_a_study_with_one_named_variant_so_far_is_labelled_by_it(tmp_path):
+    s = Store(tmp_path)
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    for seed in (0, 1):
+        cfg = {**to_dict(TrialConfig(seed=seed)), "label": "trm_carry_last"}
+        s.write("depth_eval", "partial", f"t{seed}", [{"depth_layers": 12, "outer_cycles": 2, "difficulty": None,
+                                                       "n": 10, "exact_acc": 0.5, "cell_acc": 0.9,
+                                                       "halted_frac": 0.0, "eff_layers": 12.0}])
+        s.write("trials", "partial", f"t{seed}", [{**config_row(cfg), "status": "complete", "params": 1,
+                                                   "started": now, "ended": now, "wall_s": 1.0, "device": "cpu"}])
+    assert tables.build_table(s, "partial", "depth")["setting"].to_list() == ["trm_carry_last"]

@@ -51,6 +51,8 @@ def varying_columns(trials: pl.DataFrame) -> list[str]:
     sweep names its variants (`label`), columns the label already determines are left out."""
     out = [c for c in config_columns(trials) if c not in NOT_AXES
            and trials.select(pl.col(c).cast(pl.String).n_unique()).item() > 1]
+    if "label" not in out and "label" in trials.columns and (trials["label"].fill_null("") != "").any():
+        out.insert(0, "label")  # one variant so far (a study still running): still say which
     if "label" in out:
         implied = [c for c in out if c != "label" and trials.group_by("label").agg(
             pl.col(c).cast(pl.String).n_unique().alias("k"))["k"].max() == 1]
