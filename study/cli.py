@@ -151,9 +151,11 @@ def _store(root: str):
 
 
 def cmd_table(args: argparse.Namespace) -> int:
-    from study.analysis.tables import build_table, format_table
+    from study.analysis.tables import build_table, format_table, widen
 
     df = build_table(_store(args.store), args.study, args.kind, paper=args.paper, skip_bad=args.skip_bad)
+    if args.wide:
+        df = widen(df, args.wide)
     print(format_table(df, args.format))
     return 0
 
@@ -254,6 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
     tb.add_argument("--study", required=True)
     tb.add_argument("--format", default="terminal", choices=["terminal", "markdown", "csv", "latex"])
     tb.add_argument("--paper", action="store_true", help="add the published rows, labelled [paper]")
+    tb.add_argument("--wide", nargs="?", const="exact_acc", metavar="METRIC",
+                    help="one column per setting with METRIC's 'mean ± 95%% CI' over seeds (default: exact_acc)")
     tb.set_defaults(func=cmd_table)
 
     pl_ = sub.add_parser("plot", parents=[from_store], help="figures (PNG and PDF) from stored Parquet",

@@ -184,3 +184,14 @@ def test_a_study_with_one_named_variant_so_far_is_labelled_by_it(tmp_path):
         s.write("trials", "partial", f"t{seed}", [{**config_row(cfg), "status": "complete", "params": 1,
                                                    "started": now, "ended": now, "wall_s": 1.0, "device": "cpu"}])
     assert tables.build_table(s, "partial", "depth")["setting"].to_list() == ["trm_carry_last"]
+
+
+def test_wide_table_has_a_column_per_setting_with_mean_and_ci(store):
+    wide = tables.widen(tables.build_table(store, "hand", "depth", paper=True))
+    assert wide.columns[:3] == ["depth_layers", "rule=carry_last", "rule=infiloop"]
+    assert "InfiLoop [paper]" in wide.columns
+    m, _, ci = mean_ci([ACC[("infiloop", s)][1] for s in range(3)])
+    assert wide.filter(depth_layers=48)["rule=infiloop"].item() == f"{m:.3f} ± {ci:.3f}"
+    assert wide.filter(depth_layers=24960)["InfiLoop [paper]"].item() == "0.927"  # a published number: no CI
+    with pytest.raises(tables.AnalysisError, match="metrics: cell_acc, exact_acc"):
+        tables.widen(tables.build_table(store, "hand", "depth"), "accuracy")

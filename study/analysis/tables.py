@@ -99,6 +99,11 @@ class Context:
     axes: list[str]
     skip_bad: bool = False
 
+    @property
+    def value_axes(self) -> list[str]:
+        """The axes worth their own column: a variant's name is already the setting."""
+        return [a for a in self.axes if a != "label"]
+
     def table(self, name: str) -> pl.LazyFrame:
         meta = self.trials.select(["trial_id", "setting", *self.axes]).lazy()
         return self.store.scan(name, self.study, self.skip_bad).join(meta, on="trial_id", how="inner")
@@ -133,13 +138,13 @@ def t_depth(ctx: Context) -> pl.DataFrame:
 
 def t_final(ctx: Context) -> pl.DataFrame:
     """Accuracy at the deepest depth per setting: the generic ablation table (placement, beta, a1/a2, ...)."""
-    return aggregate(deepest(overall(ctx.table("depth_eval"))), ["setting", *ctx.axes, "depth_layers"],
+    return aggregate(deepest(overall(ctx.table("depth_eval"))), ["setting", *ctx.value_axes, "depth_layers"],
                      ["exact_acc", "cell_acc"])
 
 
 def t_halting(ctx: Context) -> pl.DataFrame:
     """Accuracy and effective layers at the deepest depth (tau / gamma / patience / eta0 sweeps)."""
-    return aggregate(deepest(overall(ctx.table("depth_eval"))), ["setting", *ctx.axes],
+    return aggregate(deepest(overall(ctx.table("depth_eval"))), ["setting", *ctx.value_axes],
                      ["exact_acc", "eff_layers", "halted_frac"])
 
 
@@ -219,6 +224,23 @@ def build_table(store: Store, study: str, kind: str, paper: bool = False, skip_b
     if paper:
         df = pl.concat([df, paper_rows(kind, df)], how="vertical_relaxed")
     return df
+
+
+def widen(df: pl.DataFrame, metric: str = "exact_acc") -> pl.DataFrame:
+    """The papers' layout: one column per setting holding `metric` as 'mean +- 95% CI' (paper rows: the number).
+
+    Rows are the table's other group columns (e.g. depth_layers); the std, n and source columns are dropped.
+    """
+    if f"{metric}_mean" not in df.columns:
+        metrics = sorted(c.removesuffix("_mean") for c in df.columns if c.endswith("_mean"))
+        raise AnalysisError(f"no metric {metric!r} in this table; metrics: {', '.join(metrics)}")
+    stats = ("_mean", "_ci95", "_std")
+    index = [c for c in df.columns if c not in ("setting", "source", "n") and not c.endswith(stats)]
+    cells = [None if m is None else f"{m:.3f}" if c is None or math.isnan(c) else f"{m:.3f} ± {c:.3f}"
+             for m, c in zip(df[f"{metric}_mean"].to_list(), df[f"{metric}_ci95"].to_list())]
+    out = df.with_columns(pl.Series("cell", cells, dtype=pl.String))
+    out = out.pivot(on="setting", index=index or None, values="cell", maintain_order=True)
+    return out.sort(index, nulls_last=True) if index else out
 
 
 # -- formatting --------------------------------------------------------------------------------------------------------
