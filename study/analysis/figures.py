@@ -10,6 +10,7 @@ perturbation   solved puzzles kept and relative distance after a perturbation, p
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,8 +27,10 @@ matplotlib.rcParams.update({"pdf.fonttype": 42, "ps.fonttype": 42, "svg.hashsalt
                             "figure.dpi": 100, "font.size": 9})
 
 
-def _bands(ax, lf: pl.LazyFrame, x: str, value: str, empty: str | None = None) -> None:
-    """One line per setting: the mean of `value` over seeds against `x`, with its 95% CI as a band."""
+def _bands(ax, lf: pl.LazyFrame, x: str, value: str, empty: str | None = None,
+           limits: tuple[float, float] = (-math.inf, math.inf)) -> None:
+    """One line per setting: the mean of `value` over seeds against `x`, with its 95% CI as a band (clipped to
+    the value's range: an accuracy's band stops at 1)."""
     df = aggregate(lf, ["setting", x], [value])
     if df.height == 0 and empty:
         raise AnalysisError(empty)
@@ -36,8 +39,9 @@ def _bands(ax, lf: pl.LazyFrame, x: str, value: str, empty: str | None = None) -
         xs, mean = g[x].to_list(), g[f"{value}_mean"].to_list()
         ci = [c or 0.0 for c in g[f"{value}_ci95"].to_list()]
         line, = ax.plot(xs, mean, marker="o", ms=3, label=setting)
-        ax.fill_between(xs, [m - c for m, c in zip(mean, ci)], [m + c for m, c in zip(mean, ci)], alpha=0.2,
-                        color=line.get_color(), linewidth=0)
+        lo, hi = limits
+        ax.fill_between(xs, [max(lo, m - c) for m, c in zip(mean, ci)], [min(hi, m + c) for m, c in zip(mean, ci)],
+                        alpha=0.2, color=line.get_color(), linewidth=0)
 
 
 def _labels(ax, title: str, xlabel: str, ylabel: str) -> None:
@@ -55,7 +59,7 @@ def _dynamics(ctx: Context, kind: str) -> pl.LazyFrame:
 
 
 def fig_depth(ctx: Context, ax) -> None:
-    _bands(ax, overall(ctx.table("depth_eval")), "depth_layers", "exact_acc")
+    _bands(ax, overall(ctx.table("depth_eval")), "depth_layers", "exact_acc", limits=(0.0, 1.0))
     pub = published("depth").filter(pl.col("metric") == "exact_acc")
     markers = {"InfiLoop": "^", "FPRM": "s", "TRM": "v"}
     for (method,), g in pub.group_by("method", maintain_order=True):
@@ -68,7 +72,7 @@ def fig_depth(ctx: Context, ax) -> None:
 
 
 def fig_difficulty(ctx: Context, ax) -> None:
-    _bands(ax, _by_difficulty(ctx), "difficulty", "exact_acc")
+    _bands(ax, _by_difficulty(ctx), "difficulty", "exact_acc", limits=(0.0, 1.0))
     _labels(ax, "Accuracy by difficulty", "difficulty (blanks / path length)", "exact accuracy at deepest depth")
 
 
