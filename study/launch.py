@@ -162,18 +162,19 @@ def progress_callback(study_name: str, total: int, mode: str, status_every_s: fl
         `status_every_s`, one line saying what each running trial is doing (train or eval, percent done)."""
 
         def __init__(self):
-            self.done = self.failed = self.running = 0
+            self.done = self.failed = 0
+            self.active: set[str] = set()  # counted here: Tune's statuses lag behind these callbacks
             self.best: float | None = None
             self.doing: dict[str, str] = {}  # running trial -> "train 40%" / "eval 12%"
             self.next_status = time.monotonic() + status_every_s
 
         def _line(self, what: str) -> None:
             best = "-" if self.best is None else f"{self.best:.3f}"
-            eprint(f"[{study_name}] {what:<26} done {self.done}/{total}  running {self.running}  "
+            eprint(f"[{study_name}] {what:<26} done {self.done}/{total}  running {len(self.active)}  "
                    f"failed {self.failed}  best objective {best}")
 
         def on_trial_start(self, iteration, trials, trial, **info):
-            self.running = sum(t.status == "RUNNING" for t in trials)
+            self.active.add(trial.trial_id)
             self._line(f"started {trial.trial_id}")
 
         def on_trial_result(self, iteration, trials, trial, result, **info):
@@ -185,8 +186,8 @@ def progress_callback(study_name: str, total: int, mode: str, status_every_s: fl
 
         def on_trial_complete(self, iteration, trials, trial, **info):
             self.doing.pop(trial.trial_id, None)
+            self.active.discard(trial.trial_id)
             self.done += 1
-            self.running = max(0, sum(t.status == "RUNNING" for t in trials) - 1)
             value = (trial.last_result or {}).get("objective")
             if value is not None and (self.best is None or (value > self.best if mode == "max" else value < self.best)):
                 self.best = value
@@ -195,8 +196,8 @@ def progress_callback(study_name: str, total: int, mode: str, status_every_s: fl
 
         def on_trial_error(self, iteration, trials, trial, **info):
             self.doing.pop(trial.trial_id, None)
+            self.active.discard(trial.trial_id)
             self.failed += 1
-            self.running = max(0, sum(t.status == "RUNNING" for t in trials) - 1)
             self._line(f"failed {trial.trial_id}")
 
     return Progress()

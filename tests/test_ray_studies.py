@@ -4,6 +4,7 @@ Order matters only for speed: the node-kill test goes last (it takes a worker aw
 """
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -51,8 +52,10 @@ def test_smoke_study_runs_end_to_end_through_loopstudy_run(smoke_run):
     root, proc = smoke_run
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "depth_layers" in proc.stdout and "infiloop_both" in proc.stdout  # ends with the depth table
-    assert "done 3/3" in proc.stderr
+    assert "done 3/3  running 0" in proc.stderr  # the running count is exact, not Tune's lagging status
     assert_rows_once(root, "smoke", 3)
+    reports = [json.loads(line) for f in (root / "_tune" / "smoke").glob("*/result.json") for line in f.open()]
+    assert {r.get("phase") for r in reports} >= {"train"}  # what the driver's status lines are made of
     store = Store(root)
     for table in ("train_curve", "dynamics", "perturbation"):
         assert len(store.files(table, "smoke")) == 3
