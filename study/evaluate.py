@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from study.config import EvalConfig, ModelConfig
+from study.models.halting import start_halting
 from study.models.reasoner import LoopState, Reasoner, build_reasoner
 from study.tasks import Split, accuracies
 from study.tasks.loader import Task
@@ -314,6 +315,10 @@ def perturbation_rows(model: Reasoner, snap: LoopState, x: torch.Tensor, batch: 
     state.outer.h = perturb(state.outer.h)
     if state.inner is not None:
         state.inner.h = perturb(state.inner.h)
+    if model.cfg.halting.enabled:
+        # A halted sample never steps again: the perturbed copies would stay where the noise put them. Restart
+        # halting (reference included) so each copy iterates until it is at a fixed point again.
+        state.halt = start_halting(model.cfg.halting, B * reps, x.device)
     labels = batch.labels
     pred0 = model.logits(snap).argmax(-1).cpu().numpy()
     solved_u = accuracies(pred0, labels)[0]

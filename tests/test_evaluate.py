@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from study.config import CarryConfig, EvalConfig, ModelConfig, TaskConfig
+from study.config import CarryConfig, EvalConfig, HaltingConfig, ModelConfig, TaskConfig
 from study.evaluate import Trajectory, dynamics_rows, evaluate, stability
 from study.models.reasoner import build_reasoner
 from study.tasks.loader import load_task
@@ -103,3 +103,15 @@ def test_perturbation_rows_cover_every_eps_and_reference_has_zero_distance(task)
     big = [r.rel_distance for r in res.perturbation if r.eps == 0.3]
     small = [r.rel_distance for r in res.perturbation if r.eps == 1e-3]
     assert big[0] > small[0] > 0
+
+
+def test_perturbed_copies_of_a_halted_state_iterate_again(task):
+    # tau far above any residual: every sample has halted by the snapshot. Frozen copies would sit exactly eps away
+    # from the reference; restarted ones take a step and move.
+    torch.manual_seed(0)
+    cfg = ModelConfig(kind="flat", norm="pre", residual_scaling=True, hidden=16, heads=2, n_layers=1, H=2,
+                      carry=CarryConfig(rule="damped"), halting=HaltingConfig(enabled=True, tau=1e6))
+    model = build_reasoner(cfg, task.spec.vocab, task.spec.seq_len, task.spec.grid)
+    res = evaluate(model, task, EvalConfig(depths=[4], perturb_update=1, perturb_updates=2, perturb_n=8,
+                                           perturb_eps=[1e-2]))
+    assert all(abs(r.rel_distance - 1e-2) > 1e-4 for r in res.perturbation)
