@@ -153,6 +153,8 @@ def main() -> None:
     p.add_argument("--attnres-depths", type=int, nargs="+", default=[260, 520, 1040, 2080],
                    help="full_attnres is O(T^2) in time: its own, shallower readings (memory growth shows early)")
     p.add_argument("--chunk", type=int, default=10, help="outer cycles per turn in the side-by-side timing")
+    p.add_argument("--time-only", action="store_true",
+                   help="only the side-by-side timing (skips the memory runs: a third of the time)")
     p.add_argument("--one", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:
@@ -160,9 +162,9 @@ def main() -> None:
         return
 
     # Memory: each rule alone in a fresh process (resident memory is per process).
-    passthrough = list(sys.argv[1:])
+    passthrough = [a for a in sys.argv[1:] if a != "--time-only"]
     alone: dict[str, dict] = {}
-    for rule in (*PAIR, "full_attnres"):
+    for rule in () if args.time_only else (*PAIR, "full_attnres"):
         proc = subprocess.run([sys.executable, __file__, *passthrough, "--one", rule],
                               capture_output=True, text=True, check=True)
         alone[rule] = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -178,7 +180,6 @@ def main() -> None:
 
     deep, shallow = (max(args.depths), min(args.depths))
     deep_layers = max(r["depth_layers"] for r in timed["infiloop"])
-    mem = {rule: alone[rule]["readings"] for rule in PAIR}
     summary = {
         "bench": "depth",
         "config": {k: getattr(args, k) for k in ("device", "dtype", "hidden", "heads", "grid", "batch", "threads",
@@ -187,6 +188,12 @@ def main() -> None:
         "alone": alone,
         "infiloop_time_ratio_vs_carry_last": at(timed["infiloop"], deep_layers, "seconds")
         / at(timed["carry_last"], deep_layers, "seconds"),
+    }
+    if args.time_only:
+        print(json.dumps(summary))
+        return
+    mem = {rule: alone[rule]["readings"] for rule in PAIR}
+    summary |= {
         "infiloop_memory_ratio_vs_carry_last": at(mem["infiloop"], deep, "memory_bytes")
         / at(mem["carry_last"], deep, "memory_bytes"),
         "infiloop_memory_deep_over_shallow": at(mem["infiloop"], deep, "memory_bytes")
