@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The CPU showcase (README "Results"): three studies on the embedded Ray, then the tables and figures the README
-# shows, regenerated from the stored Parquet alone. About 50 minutes on 2 cores (the depth study is 35 of them).
+# The CPU showcase (README "Results"): four studies on the embedded Ray, then the tables and figures the README
+# shows, regenerated from the stored Parquet alone. About an hour on 2 cores (the depth study is 35 minutes of it).
 # Interrupted? Run it again: trials complete in storage are skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STORE=${STORE:-results/showcase}
-for spec in depth_scaling axis_placement beta_init; do
+for spec in depth_scaling axis_placement beta_init halting_tau; do
   loopstudy run "search_spaces/cpu/$spec.yaml" --storage "$STORE" --no-plot
 done
 loopstudy table depth --study cpu_depth_scaling --store "$STORE" --paper --wide --format markdown
@@ -14,5 +14,6 @@ loopstudy table stability --study cpu_depth_scaling --store "$STORE" --format ma
 loopstudy table perturbation --study cpu_depth_scaling --store "$STORE" --format markdown
 loopstudy table placement --study cpu_axis_placement --store "$STORE" --paper --format markdown
 loopstudy table beta --study cpu_beta_init --store "$STORE" --paper --format markdown
+loopstudy table halting --study cpu_halting_tau --store "$STORE" --format markdown
 loopstudy plot all --study cpu_depth_scaling --store "$STORE" --out "$STORE/figures"
 loopstudy plot depth --study cpu_depth_scaling --store "$STORE" --out docs/figures  # the README's figure

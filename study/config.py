@@ -243,13 +243,17 @@ class TrainConfig:
 class EvalConfig:
     """depths: executed layers at which to read accuracy (each a whole number of outer cycles / iterations).
     H, L: evaluate with other cycle counts than training (the papers evaluate H6 L12); None keeps training's.
-    halting: override model.halting.enabled. stability: (u1, u2) updates. perturb_update: update at which the
-    state is perturbed (None: no perturbation test)."""
+    halting: override model.halting.enabled; tau, gamma: override model.halting.tau / .gamma at test time only
+    (FPRM's code evaluates with gamma 0.99; a test-time tau sweep needs no retraining of the halting rule).
+    stability: (u1, u2) updates. perturb_update: update at which the state is perturbed (None: no perturbation
+    test)."""
 
     depths: list[int] | None = None
     H: int | None = None
     L: int | None = None
     halting: bool | None = None
+    tau: float | None = None
+    gamma: float | None = None
     n_test: int | None = None
     batch_size: int = 256
     stability: tuple[int, int] | None = None
@@ -266,12 +270,18 @@ class EvalConfig:
             raise ValueError(f"eval.stability={list(self.stability)} is not allowed; need 0 < u1 < u2")
         if any(e < 0 for e in self.perturb_eps):
             raise ValueError(f"eval.perturb_eps={self.perturb_eps} is not allowed; sizes must be >= 0")
+        if self.tau is not None and not self.tau > 0:
+            raise ValueError(f"eval.tau={self.tau} is not allowed; tau must be > 0")
+        if self.gamma is not None and not 0 < self.gamma <= 1:
+            raise ValueError(f"eval.gamma={self.gamma} is not allowed; it must lie in (0, 1]")
 
     def model_config(self, trained: ModelConfig) -> ModelConfig:
-        """The configuration the evaluation runs: training's with H, L and halting overridden."""
+        """The configuration the evaluation runs: training's with H, L and halting (on/off, tau, gamma) overridden."""
         changes = {k: getattr(self, k) for k in ("H", "L") if getattr(self, k) is not None}
-        if self.halting is not None:
-            changes["halting"] = dataclasses.replace(trained.halting, enabled=self.halting)
+        halting = {k: v for k, v in (("enabled", self.halting), ("tau", self.tau), ("gamma", self.gamma))
+                   if v is not None}
+        if halting:
+            changes["halting"] = dataclasses.replace(trained.halting, **halting)
         if changes.get("H") is not None and trained.grad_steps > changes["H"]:
             changes["grad_steps"] = changes["H"]
         return dataclasses.replace(trained, **changes)
@@ -300,6 +310,9 @@ class TrialConfig:
 
 # Fields that do not change a trial's results, so they stay out of its identity.
 NON_IDENTITY = {("task", "cache_dir"), ("train", "log_every"), ("train", "checkpoint_every"), ("train", "threads")}
+# Fields added after results were stored: left out of the hash while unset, so a new knob does not give every
+# stored trial a new id (and re-run it). Add a field here when it joins a config section with a None default.
+ADDED_LATER = {("eval", "tau"), ("eval", "gamma")}
 
 
 def to_dict(cfg: TrialConfig) -> dict[str, Any]:
@@ -332,6 +345,9 @@ def trial_id(cfg: TrialConfig) -> str:
     d = to_dict(cfg)
     for section, name in NON_IDENTITY:
         d[section].pop(name, None)
+    for section, name in ADDED_LATER:
+        if d[section].get(name) is None:
+            d[section].pop(name, None)
     d.pop("label", None)
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 

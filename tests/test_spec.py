@@ -94,3 +94,14 @@ def test_head_local_storage_with_remote_nodes_is_refused_with_what_to_use(monkey
 def test_identical_sweep_points_resolve_to_one_trial(tmp_path):
     study = load_study(write(tmp_path, BASE + "sweep: {variants: [{name: a, model.L: 2}, {name: b, model.L: 2}]}\n"))
     assert len(study.trials) == 1
+
+
+def test_knobs_added_later_keep_stored_trial_ids_until_set():
+    from study.config import EvalConfig, HaltingConfig, ModelConfig, TrialConfig
+
+    assert trial_id(TrialConfig()) == "d2789f012f68"  # the id results were stored under before eval.tau existed
+    assert trial_id(TrialConfig(eval=EvalConfig(tau=0.01))) != "d2789f012f68"
+    ev = EvalConfig(halting=True, tau=0.01, gamma=0.99).model_config(ModelConfig(halting=HaltingConfig(tau=0.1)))
+    assert (ev.halting.enabled, ev.halting.tau, ev.halting.gamma) == (True, 0.01, 0.99)
+    with pytest.raises(ValueError, match="eval.tau=0"):
+        EvalConfig(tau=0)
