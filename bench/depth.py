@@ -179,15 +179,14 @@ def main() -> None:
         return next(r[key] for r in readings if r["depth_layers"] == depth)
 
     deep, shallow = (max(args.depths), min(args.depths))
-    deep_layers = max(r["depth_layers"] for r in timed["infiloop"])
     summary = {
         "bench": "depth",
         "config": {k: getattr(args, k) for k in ("device", "dtype", "hidden", "heads", "grid", "batch", "threads",
                                                  "chunk")},
         "side_by_side": timed,
         "alone": alone,
-        "infiloop_time_ratio_vs_carry_last": at(timed["infiloop"], deep_layers, "seconds")
-        / at(timed["carry_last"], deep_layers, "seconds"),
+        "infiloop_time_ratio_vs_carry_last": at(timed["infiloop"], deep, "seconds")
+        / at(timed["carry_last"], deep, "seconds"),
     }
     if args.time_only:
         print(json.dumps(summary))

@@ -12,7 +12,7 @@ import hashlib
 import json
 from dataclasses import field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_type_hints
 
 import yaml
 from pydantic import TypeAdapter, ValidationError
@@ -63,6 +63,14 @@ class CarryConfig:
 
 
 
+def check_tau_gamma(prefix: str, tau: float | None, gamma: float | None) -> None:
+    """Halting threshold tau > 0 and FPOpt decay gamma in (0, 1]; None is not checked. prefix names the section."""
+    if tau is not None and not tau > 0:
+        raise ValueError(f"{prefix}.tau={tau} is not allowed; tau must be > 0")
+    if gamma is not None and not 0 < gamma <= 1:
+        raise ValueError(f"{prefix}.gamma={gamma} is not allowed; it must lie in (0, 1]")
+
+
 @pdataclass(config={"extra": "forbid"})
 class HaltingConfig:
     """enabled: halted samples freeze (state and effective layers). FPOpt's eta runs either way (damped rule)."""
@@ -76,10 +84,7 @@ class HaltingConfig:
     eps: float = 1e-6
 
     def __post_init__(self):
-        if not self.tau > 0:
-            raise ValueError(f"model.halting.tau={self.tau} is not allowed; tau must be > 0")
-        if not 0 < self.gamma <= 1:
-            raise ValueError(f"model.halting.gamma={self.gamma} is not allowed; it must lie in (0, 1]")
+        check_tau_gamma("model.halting", self.tau, self.gamma)
         if self.patience < 1:
             raise ValueError(f"model.halting.patience={self.patience} is not allowed; it must be >= 1")
         if not 0 < self.eta0 <= 1:
@@ -270,10 +275,7 @@ class EvalConfig:
             raise ValueError(f"eval.stability={list(self.stability)} is not allowed; need 0 < u1 < u2")
         if any(e < 0 for e in self.perturb_eps):
             raise ValueError(f"eval.perturb_eps={self.perturb_eps} is not allowed; sizes must be >= 0")
-        if self.tau is not None and not self.tau > 0:
-            raise ValueError(f"eval.tau={self.tau} is not allowed; tau must be > 0")
-        if self.gamma is not None and not 0 < self.gamma <= 1:
-            raise ValueError(f"eval.gamma={self.gamma} is not allowed; it must lie in (0, 1]")
+        check_tau_gamma("eval", self.tau, self.gamma)  # test-time overrides obey the same rules
 
     def model_config(self, trained: ModelConfig) -> ModelConfig:
         """The configuration the evaluation runs: training's with H, L and halting (on/off, tau, gamma) overridden."""
@@ -355,11 +357,10 @@ def trial_id(cfg: TrialConfig) -> str:
 def allowed_keys(loc: tuple) -> list[str]:
     """Field names of the config section at `loc` (for 'unknown key' messages)."""
     cls: Any = TrialConfig
-    hints_of = __import__("typing").get_type_hints
     for part in loc[:-1]:
         if not dataclasses.is_dataclass(cls):
             return []
-        tp = hints_of(cls).get(part)
+        tp = get_type_hints(cls).get(part)
         if tp is None:
             return []
         cls = tp

@@ -61,26 +61,24 @@ def trainable(config: dict[str, Any]) -> None:
     # phase/progress let the driver show what each running trial is doing (an evaluation can take many minutes)
     steps = max(1, cfg.train.steps)
 
+    def report(objective: float, checkpoint=None, **extra) -> None:
+        tune.report({"trial_id": tid, "objective": objective, "node": node, **last, **extra}, checkpoint=checkpoint)
+
     def on_log(log) -> None:
         last.update(train_exact_acc=log.exact_acc, train_loss=log.loss, step=log.step)
-        tune.report({"trial_id": tid, "objective": log.exact_acc, "node": node, **last,
-                     "phase": "train", "progress": log.step / steps})
+        report(log.exact_acc, phase="train", progress=log.step / steps)
 
     next_eval_report = [time.monotonic() + EVAL_REPORT_S]
 
     def on_eval_progress(done: int, total: int) -> None:
-        # Not under ASHA: every report is a training_iteration to its rungs, and a trial stopped mid-evaluation
-        # would lose all its results.
-        if config.get("eval_reports", True) and time.monotonic() >= next_eval_report[0]:
+        if time.monotonic() >= next_eval_report[0]:
             next_eval_report[0] = time.monotonic() + EVAL_REPORT_S
-            tune.report({"trial_id": tid, "objective": last["train_exact_acc"], "node": node, **last,
-                         "phase": "eval", "progress": done / total})
+            report(last["train_exact_acc"], phase="eval", progress=done / total)
 
     def checkpoint(trainer) -> None:
         with tempfile.TemporaryDirectory() as d:
             trainer.save(Path(d) / CKPT_FILE)
-            tune.report({"trial_id": tid, "objective": last["train_exact_acc"], "node": node, **last},
-                        checkpoint=tune.Checkpoint.from_directory(d))
+            report(last["train_exact_acc"], checkpoint=tune.Checkpoint.from_directory(d))
 
     def resume(trainer) -> None:
         ckpt = tune.get_checkpoint()
@@ -88,9 +86,12 @@ def trainable(config: dict[str, Any]) -> None:
             with ckpt.as_directory() as d:
                 trainer.load(Path(d) / CKPT_FILE)
 
+    # No evaluation reports under ASHA: each is a training_iteration to its rungs, and a trial stopped
+    # mid-evaluation would lose all its results.
+    eval_progress = on_eval_progress if config.get("eval_reports", True) else None
     metrics, _ = run_trial(cfg, study_name=study_name, store=store, on_log=on_log, checkpoint=checkpoint,
-                           resume=resume, on_eval_progress=on_eval_progress, node=node)
-    tune.report({"trial_id": tid, "objective": metrics[metric], "node": node, **last, **metrics})
+                           resume=resume, on_eval_progress=eval_progress, node=node)
+    report(metrics[metric], **metrics)
 
 
 # -- cluster and storage checks ----------------------------------------------------------------------------------------

@@ -242,18 +242,22 @@ class Store:
             # one chunk per file would make the conversion crawl over many tiny chunks: combine them first
             return pl.from_arrow(self.read(table, study, skip_bad).combine_chunks()).lazy()
         sch = pl.from_arrow(schema(table).empty_table()).schema
+
+        def load(files: list[str]) -> pl.DataFrame:
+            return pl.scan_parquet(files, schema=sch, missing_columns="insert", extra_columns="ignore").collect()
+
         frames = []
         for s in [study] if study else self.studies():
             files = self.files(table, s)
             if not files:
                 continue
             try:
-                df = pl.scan_parquet(files, schema=sch, missing_columns="insert", extra_columns="ignore").collect()
+                df = load(files)
             except (pl.exceptions.PolarsError, OSError) as err:
                 good = self._readable(table, files, err, skip_bad)
                 if not good:
                     continue
-                df = pl.scan_parquet(good, schema=sch, missing_columns="insert", extra_columns="ignore").collect()
+                df = load(good)
             frames.append(df.with_columns(pl.lit(s).alias("study")))
         if not frames:
             return pl.DataFrame(schema={**sch, "study": pl.String}).lazy()
