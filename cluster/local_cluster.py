@@ -3,7 +3,7 @@
 
     python cluster/local_cluster.py start --workers 2        # head (0 CPUs, job server) + 2 one-CPU workers
     python cluster/local_cluster.py add-worker --name w3     # one more worker node
-    python cluster/local_cluster.py stop
+    python cluster/local_cluster.py stop                     # only this cluster's processes (by --port)
 
 Prints the addresses as JSON: {"address": "127.0.0.1:6390", "dashboard": "http://127.0.0.1:8265"}.
 Then: `loopstudy run SPEC --address 127.0.0.1:6390` or `loopstudy submit SPEC --address http://127.0.0.1:8265`.
@@ -11,13 +11,19 @@ Then: `loopstudy run SPEC --address 127.0.0.1:6390` or `loopstudy submit SPEC --
 Why the wrapper around `ray start`: Ray swaps a --node-ip-address of 127.0.0.1 for the machine's outward IP
 (services.resolve_ip_for_localhost). We keep the address as given, so every node and all traffic stay on loopback.
 Worker nodes carry a custom resource named after them ({"w1": 1}) so tests can tell them apart.
+
+`stop` ends only the processes of the cluster on --port (never `ray stop --force`, which would also end a user's
+own Ray on the same machine): those whose command line names its GCS address or its temp dir
+(/tmp/loopstudy-ray-<port>), and their descendants (workers and agents, whose titles name neither).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -45,9 +51,15 @@ def ray(args: list[str], env: dict[str, str] | None = None, retries: int = 1) ->
         time.sleep(2)
 
 
+def temp_dir(port: int) -> str:
+    """The cluster's own temp dir: its sessions, sockets and logs, and a mark on its processes' command lines."""
+    return f"/tmp/loopstudy-ray-{port}"
+
+
 def start_head(port: int, dashboard_port: int) -> None:
     # The head's processes (and jobs submitted to it) resolve their own IP as loopback.
     ray(["start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=0",
+         f"--temp-dir={temp_dir(port)}",
          "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}",
          "--disable-usage-stats"], env={"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"})
 
@@ -57,8 +69,49 @@ def add_worker(port: int, name: str, cpus: int) -> None:
          f"--resources={json.dumps({name: 1})}", "--disable-usage-stats"])
 
 
-def stop() -> None:
-    subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"], capture_output=True)
+def cluster_pids(port: int) -> list[int]:
+    """PIDs of the cluster on `port`: processes naming its GCS address or temp dir, plus their descendants."""
+    out = subprocess.run(["ps", "-ww", "-eo", "pid=,ppid=,args="], capture_output=True, text=True).stdout
+    procs = {}
+    for line in out.splitlines():
+        pid, ppid, *args = line.split(None, 2)
+        procs[int(pid)] = (int(ppid), args[0] if args else "")
+    marks = (f"127.0.0.1:{port} ", f"127.0.0.1:{port}\n", f"--gcs_server_port={port} ", temp_dir(port) + "/")
+    ours = {pid for pid, (_, args) in procs.items() if any(m in args + "\n" for m in marks)}
+    grew = True
+    while grew:
+        children = {pid for pid, (ppid, _) in procs.items() if ppid in ours} - ours
+        ours |= children
+        grew = bool(children)
+    me, keep = os.getpid(), set()
+    while me in procs and me not in keep:  # never this script or whoever called it
+        keep.add(me)
+        me = procs[me][0]
+    return sorted(ours - keep)
+
+
+def stop(port: int, grace_s: float = 2.0) -> None:
+    """End the cluster on `port` and nothing else: SIGTERM, then SIGKILL whatever is left after grace_s (Ray's
+    daemons often outlive a SIGTERM by many seconds)."""
+    pids = cluster_pids(port)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.time() + grace_s
+        while time.time() < deadline and any(alive(p) for p in pids):
+            time.sleep(0.2)
+        pids = [p for p in pids if alive(p)]
+        if not pids:
+            return
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"  # a zombie has ended; its parent reaps it
+    except OSError:
+        return False
 
 
 def main() -> None:
@@ -73,7 +126,8 @@ def main() -> None:
     a.add_argument("--name", required=True)
     a.add_argument("--cpus", type=int, default=1)
     a.add_argument("--port", type=int, default=6390)
-    sub.add_parser("stop", help="stop every Ray process of this user on this machine")
+    st = sub.add_parser("stop", help="stop the cluster on --port (its processes only)")
+    st.add_argument("--port", type=int, default=6390)
     args = p.parse_args()
     if args.cmd == "start":
         start_head(args.port, args.dashboard_port)
@@ -83,7 +137,7 @@ def main() -> None:
     elif args.cmd == "add-worker":
         add_worker(args.port, args.name, args.cpus)
     else:
-        stop()
+        stop(args.port)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
     from study.trial import run_trial
 
     cfg = load_trial(args.config, args.overrides)
-    store = None if args.no_store else Store(args.store)
+    store = None if args.no_store else Store(args.store)  # a bad root fails now, not after training
     tid = trial_id(cfg)
     eprint(f"trial {tid}: task {cfg.task.name} {cfg.task.size}, model {cfg.model.kind} "
            f"rule={cfg.model.carry.rule} placement={cfg.model.carry.placement}, seed {cfg.seed}")
@@ -76,6 +76,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         os.chdir(tempfile.gettempdir())
     out = run_study(study, address=args.address, storage=root, shared_storage=args.shared_storage,
                     num_cpus=args.num_cpus)
+    if out.get("interrupted"):
+        return 130
     print_main_table(root, study.name)
     figures = args.figures or (f"{root}/figures" if "://" not in root else "results/figures")
     eprint(f"figures: loopstudy plot all --study {study.name} --store {root} --out {figures}")
@@ -144,10 +146,12 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 # -- analysis (no torch, no Ray) ---------------------------------------------------------------------------------------
-def _store(root: str):
+def _store(root: str, must_exist: bool = True):
+    """The results store at root; reading commands (must_exist) refuse a root that was never written to."""
     from study.store import Store
 
-    return Store(root)
+    store = Store(root)
+    return store.require() if must_exist else store
 
 
 def cmd_table(args: argparse.Namespace) -> int:
@@ -187,6 +191,16 @@ def cmd_ls(args: argparse.Namespace) -> int:
     return 0
 
 
+def study_name(value: str) -> str:
+    """argparse type for study names: the store's one rule, refused before anything runs."""
+    from study.config import ConfigError, check_study_name
+
+    try:
+        return check_study_name(value)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 # -- parser ------------------------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -203,7 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("config", type=Path)
     t.add_argument("overrides", nargs="*", metavar="key=value")
     t.add_argument("--store", default=DEFAULT_STORE, help="results root: a path or s3://... (default: %(default)s)")
-    t.add_argument("--study", default="adhoc", help="study name the rows are filed under (default: %(default)s)")
+    t.add_argument("--study", default="adhoc", type=study_name,
+                   help="study name the rows are filed under (default: %(default)s)")
     t.add_argument("--no-store", action="store_true", help="print the depth table only; write nothing")
     t.set_defaults(func=cmd_trial)
 
@@ -235,12 +250,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_submit)
 
     st = sub.add_parser("status", help="trials complete vs pending for a study (from storage; no Ray)")
-    st.add_argument("study")
+    st.add_argument("study", type=study_name)
     st.add_argument("--storage", default=DEFAULT_STORE, help="results root (default: %(default)s)")
     st.set_defaults(func=cmd_status)
 
     rs = sub.add_parser("resume", help="resume an interrupted study (Tuner.restore); finished trials stay done")
-    rs.add_argument("study")
+    rs.add_argument("study", type=study_name)
     rs.add_argument("--storage", default=DEFAULT_STORE, help="results root (default: %(default)s)")
     rs.add_argument("--address", default=None, help="join a running Ray cluster (default: embedded local Ray)")
     rs.set_defaults(func=cmd_resume)
@@ -253,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Tables: depth, final, placement, beta, scaling, halting, difficulty, stability, "
                                     "perturbation. Aggregated over seeds (mean, std, n, 95%% CI).")
     tb.add_argument("kind")
-    tb.add_argument("--study", required=True)
+    tb.add_argument("--study", required=True, type=study_name)
     tb.add_argument("--format", default="terminal", choices=["terminal", "markdown", "csv", "latex"])
     tb.add_argument("--paper", action="store_true", help="add the published rows, labelled [paper]")
     tb.add_argument("--wide", nargs="?", const="exact_acc", metavar="METRIC",
@@ -263,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl_ = sub.add_parser("plot", parents=[from_store], help="figures (PNG and PDF) from stored Parquet",
                          description="Figures: depth, difficulty, gamma, score, eff_layers, perturbation, or all.")
     pl_.add_argument("kind")
-    pl_.add_argument("--study", required=True)
+    pl_.add_argument("--study", required=True, type=study_name)
     pl_.add_argument("--out", default="results/figures", help="output folder (default: %(default)s)")
     pl_.set_defaults(func=cmd_plot)
 
@@ -271,7 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description='SQL over the tables trials, train_curve, depth_eval, dynamics, perturbation. '
                                    'Config columns have dotted names: quote them, e.g. "model.carry.rule".')
     q.add_argument("sql")
-    q.add_argument("--study", default=None, help="restrict every table to one study")
+    q.add_argument("--study", default=None, type=study_name, help="restrict every table to one study")
     q.add_argument("--format", default="terminal", choices=["terminal", "markdown", "csv", "latex"])
     q.set_defaults(func=cmd_query)
 
@@ -291,10 +306,11 @@ def main(argv: list[str] | None = None) -> int:
     from study.analysis.tables import AnalysisError
     from study.config import ConfigError
     from study.store import StoreError
+    from study.tasks.base import DataError
 
     try:
         return args.func(args)
-    except (ConfigError, StoreError, AnalysisError) as e:
+    except (ConfigError, StoreError, AnalysisError, DataError) as e:
         eprint(f"loopstudy: {e}")
         return 2
     except KeyboardInterrupt:

@@ -8,11 +8,14 @@ dotted key, the value and what is allowed.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
+import os
+import re
 from dataclasses import field
 from pathlib import Path
-from typing import Any, Literal, get_type_hints
+from typing import Any, Literal, get_args, get_type_hints
 
 import yaml
 from pydantic import TypeAdapter, ValidationError
@@ -20,11 +23,38 @@ from pydantic.dataclasses import dataclass as pdataclass
 
 from study.tasks import maze, sudoku
 
-RULES = ("carry_last", "infiloop", "full_attnres", "damped")
-PLACEMENTS = ("none", "inner", "outer", "both")
-TASKS = ("sudoku", "maze", "state_tracking")
 Rule = Literal["carry_last", "infiloop", "full_attnres", "damped"]
 Placement = Literal["none", "inner", "outer", "both"]
+RULES = get_args(Rule)
+
+# The deepest test-time rollout a config may ask for: 4x the papers' 24,960 layers. A typo such as 10**9 layers
+# would otherwise run for weeks before anyone noticed.
+MAX_DEPTH_LAYERS = 100_000
+
+# Study names become folder names (<root>/<table>/study=<name>/) and Hive partition values: letters, digits and
+# '_', '.', '-' only, starting with a letter or digit. No '/' or '..' (a path outside the root), no '%' (pyarrow's
+# Hive reader URL-decodes it, Polars' does not: the same file would read back under two names), no spaces or '='.
+STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+
+
+class ConfigError(ValueError):
+    """A configuration problem, with the file and key in the message."""
+
+
+def check_study_name(name: str) -> str:
+    """The one rule for study names, applied by the spec and by every command that takes one (via Store)."""
+    if not isinstance(name, str) or not STUDY_NAME.fullmatch(name) or ".." in name:
+        raise ConfigError(f"study name {name!r} is not allowed: use 1-100 letters, digits, '_', '.' or '-', "
+                          "starting with a letter or digit (no '/', '..', '%', spaces or '=')")
+    return name
+
+
+def check_positive(prefix: str, obj: Any, names: tuple[str, ...], least: int = 1) -> None:
+    """Each named field of obj must be >= least (an int count such as steps or a batch size)."""
+    for name in names:
+        v = getattr(obj, name)
+        if v is not None and v < least:
+            raise ValueError(f"{prefix}.{name}={v} is not allowed; it must be >= {least}")
 
 
 @pdataclass(config={"extra": "forbid"})
@@ -45,10 +75,6 @@ class CarryConfig:
     reset_inner: bool = False
 
     def __post_init__(self):
-        if self.rule not in RULES:
-            raise ValueError(f"model.carry.rule={self.rule!r} is not allowed; use one of {RULES}")
-        if self.placement not in PLACEMENTS:
-            raise ValueError(f"model.carry.placement={self.placement!r} is not allowed; use one of {PLACEMENTS}")
         if not self.beta_init > 0:
             raise ValueError(f"model.carry.beta_init={self.beta_init} is not allowed; beta must be > 0")
         if not self.clip > 0:
@@ -118,15 +144,14 @@ class ModelConfig:
     halting: HaltingConfig = field(default_factory=HaltingConfig)
 
     def __post_init__(self):
-        if self.kind not in ("nested", "flat"):
-            raise ValueError(f"model.kind={self.kind!r} is not allowed; use 'nested' or 'flat'")
-        for name in ("hidden", "heads", "n_layers", "H", "L", "grad_steps"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"model.{name}={getattr(self, name)} is not allowed; it must be >= 1")
+        check_positive("model", self, ("hidden", "heads", "n_layers", "H", "L", "grad_steps"))
+        if not self.expansion > 0:
+            raise ValueError(f"model.expansion={self.expansion} is not allowed; it must be > 0")
+        if self.layers_per_update > MAX_DEPTH_LAYERS:
+            raise ValueError(f"model.H={self.H}, model.L={self.L}, model.n_layers={self.n_layers} make "
+                             f"{self.layers_per_update} layers per update; at most {MAX_DEPTH_LAYERS} are allowed")
         if self.grad_steps > self.H:
             raise ValueError(f"model.grad_steps={self.grad_steps} is not allowed; it must be <= model.H={self.H}")
-        if self.norm not in ("pre", "post"):
-            raise ValueError(f"model.norm={self.norm!r} is not allowed; use one of 'pre', 'post'")
         if self.hidden % self.heads:
             raise ValueError(f"model.hidden={self.hidden} must be divisible by model.heads={self.heads}")
         for name in ("a1_init", "a2_init"):
@@ -165,7 +190,9 @@ class ModelConfig:
 class TaskConfig:
     """name: sudoku | maze | state_tracking. size: board side (sudoku 4/6/9, maze N). blanks: [min, max] blanks
     per sudoku (test_blanks: another range for the test set). csv / test_csv: Sudoku-Extreme files instead of
-    generated puzzles. data_seed fixes the data for every trial seed (the trial seed drives init and order)."""
+    generated puzzles (relative paths are read against the spec's folder; a trial's identity holds their contents);
+    with csv and no test_csv the last n_test of the first n_train + n_test puzzles of csv are held out as the test
+    set. data_seed fixes the data for every trial seed (the trial seed drives init and order)."""
 
     name: Literal["sudoku", "maze", "state_tracking"] = "sudoku"
     size: int = 4
@@ -184,8 +211,6 @@ class TaskConfig:
     cache_dir: str | None = None
 
     def __post_init__(self):
-        if self.name not in TASKS:
-            raise ValueError(f"task.name={self.name!r} is not allowed; use one of {TASKS}")
         if self.name == "sudoku":
             if self.size not in sudoku.BOXES:
                 raise ValueError(f"task.size={self.size} is not allowed for sudoku; use one of "
@@ -203,9 +228,21 @@ class TaskConfig:
                                  f"maze; allowed: 2..{maze.max_path(self.size)}")
         elif self.length < 1:
             raise ValueError(f"task.length={self.length} is not allowed; it must be >= 1")
-        for name in ("n_train", "n_test"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"task.{name}={getattr(self, name)} is not allowed; it must be >= 1")
+        check_positive("task", self, ("n_train", "n_test"))
+        if not 0 <= self.loop_frac <= 1:
+            raise ValueError(f"task.loop_frac={self.loop_frac} is not allowed; it must lie in [0, 1]")
+        for key in ("csv", "test_csv"):
+            path = getattr(self, key)
+            if path is None:
+                continue
+            if self.name != "sudoku":
+                raise ValueError(f"task.{key} is for sudoku (Sudoku-Extreme's CSV format); task.name is "
+                                 f"{self.name!r}")
+            if not os.path.isfile(path):
+                what = "is a folder, not a file" if os.path.isdir(path) else "does not exist"
+                raise ValueError(f"task.{key}={path!r} {what}")
+        if self.test_csv and not self.csv:
+            raise ValueError("task.test_csv needs task.csv (the training puzzles) as well")
 
 
 
@@ -231,9 +268,13 @@ class TrainConfig:
     checkpoint_every: int = 0  # batches between checkpoints; 0: only at the end
 
     def __post_init__(self):
-        for name in ("steps", "batch_size", "n_sup"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"train.{name}={getattr(self, name)} is not allowed; it must be >= 1")
+        check_positive("train", self, ("steps", "batch_size", "n_sup", "log_every"))
+        check_positive("train", self, ("warmup", "threads", "checkpoint_every"), least=0)
+        for name in ("weight_decay", "grad_clip"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"train.{name}={getattr(self, name)} is not allowed; it must be >= 0")
+        if not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"train.betas={list(self.betas)} is not allowed; each must lie in [0, 1)")
         if not self.lr > 0:
             raise ValueError(f"train.lr={self.lr} is not allowed; it must be > 0")
         if not 0 <= self.ema < 1:
@@ -271,6 +312,13 @@ class EvalConfig:
     def __post_init__(self):
         if self.depths is not None and (not self.depths or min(self.depths) < 1):
             raise ValueError(f"eval.depths={self.depths} is not allowed; give positive layer counts")
+        if self.depths and max(self.depths) > MAX_DEPTH_LAYERS:
+            raise ValueError(f"eval.depths={max(self.depths)} layers is not allowed; at most {MAX_DEPTH_LAYERS} "
+                             "(4x the papers' deepest reading, 24,960)")
+        check_positive("eval", self, ("H", "L", "n_test", "batch_size", "align_window", "perturb_updates",
+                                      "perturb_n"))
+        if self.perturb_update is not None and self.perturb_update < 1:
+            raise ValueError(f"eval.perturb_update={self.perturb_update} is not allowed; it must be >= 1 (or unset)")
         if self.stability is not None and not 0 < self.stability[0] < self.stability[1]:
             raise ValueError(f"eval.stability={list(self.stability)} is not allowed; need 0 < u1 < u2")
         if any(e < 0 for e in self.perturb_eps):
@@ -293,6 +341,15 @@ class EvalConfig:
         depths = self.depths or [cfg.layers_per_update * k for k in (1, 2, 4, 8)]
         for d in depths:
             cfg.steps_for_depth(d, "eval.depths")
+        # the diagnostics roll out to their own updates too: the same cap holds for them
+        for key, update in (("eval.stability", self.stability and self.stability[1]),
+                            ("eval.perturb_update + eval.perturb_updates",
+                             self.perturb_update and self.perturb_update + self.perturb_updates)):
+            if update and update * cfg.layers_per_update > MAX_DEPTH_LAYERS:
+                raise ValueError(f"{key} reaches update {update} = {update * cfg.layers_per_update} layers; at most "
+                                 f"{MAX_DEPTH_LAYERS} layers are allowed")
+        if max(depths) > MAX_DEPTH_LAYERS:
+            raise ValueError(f"eval.depths: {max(depths)} layers is not allowed; at most {MAX_DEPTH_LAYERS}")
         return sorted(set(depths))
 
 
@@ -308,6 +365,9 @@ class TrialConfig:
     def __post_init__(self):
         # depth targets must be whole outer cycles of the *evaluated* model: fail before training starts
         self.eval.resolved_depths(self.eval.model_config(self.model))
+        if self.eval.n_test is not None and self.eval.n_test > self.task.n_test:
+            raise ValueError(f"eval.n_test={self.eval.n_test} is not allowed; the task has task.n_test="
+                             f"{self.task.n_test} test samples")
 
 
 # Fields that do not change a trial's results, so they stay out of its identity.
@@ -335,18 +395,46 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def set_dotted(d: dict[str, Any], key: str, value: Any) -> None:
     parts = key.split(".")
-    for p in parts[:-1]:
+    for i, p in enumerate(parts[:-1]):
         d = d.setdefault(p, {})
         if not isinstance(d, dict):
-            raise ValueError(f"{key}: {p} is not a section")
+            section = ".".join(parts[:i + 1])
+            raise ConfigError(f"{key}: {section} is a section (a mapping of keys), but it is set to {d!r}")
     d[parts[-1]] = value
 
 
+@functools.lru_cache(maxsize=256)
+def _file_digest(path: str, size: int, mtime_ns: int) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def file_digest(path: str) -> str:
+    """sha256 of a data file's bytes (cached per path, size and mtime: a 10,000-trial study hashes it once)."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise ConfigError(f"data file {path}: {e.strerror}") from None
+    return _file_digest(os.path.abspath(path), st.st_size, st.st_mtime_ns)
+
+
+# Config fields that name data files: a trial's identity holds their contents, not their paths (edit the CSV and
+# the trials are new; move it and they are the same).
+DATA_FILES = (("task", "csv"), ("task", "test_csv"))
+
+
 def trial_id(cfg: TrialConfig) -> str:
-    """Short hash of the resolved config (seed included), without fields that cannot change results."""
+    """Short hash of the resolved config (seed included), without fields that cannot change results; data files
+    enter by content."""
     d = to_dict(cfg)
     for section, name in NON_IDENTITY:
         d[section].pop(name, None)
+    for section, name in DATA_FILES:
+        if d[section].get(name):
+            d[section][name] = "sha256:" + file_digest(d[section][name])
     for section, name in ADDED_LATER:
         if d[section].get(name) is None:
             d[section].pop(name, None)
@@ -354,39 +442,48 @@ def trial_id(cfg: TrialConfig) -> str:
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def allowed_keys(loc: tuple) -> list[str]:
-    """Field names of the config section at `loc` (for 'unknown key' messages)."""
-    cls: Any = TrialConfig
+def _fields(cls: Any) -> dict[str, Any]:
+    """A config class's fields and their types: pydantic dataclasses (trial configs) or models (study specs)."""
+    if dataclasses.is_dataclass(cls):
+        return get_type_hints(cls)
+    if isinstance(cls, type) and hasattr(cls, "model_fields"):
+        return {name: f.annotation for name, f in cls.model_fields.items()}
+    return {}
+
+
+def allowed_keys(loc: tuple, root: Any = None) -> list[str]:
+    """Field names of the config section at `loc` under `root` (default TrialConfig), for 'unknown key' messages.
+    A spec's trial sections (task/model/...) are free-form dicts there: they resolve to TrialConfig's sections."""
+    cls: Any = root or TrialConfig
     for part in loc[:-1]:
-        if not dataclasses.is_dataclass(cls):
-            return []
-        tp = get_type_hints(cls).get(part)
+        tp = _fields(cls).get(part)
+        if tp is None or not _fields(tp):
+            tp = get_type_hints(TrialConfig).get(part) if cls is not TrialConfig else None
         if tp is None:
             return []
         cls = tp
-    return [f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls) else []
+    return list(_fields(cls))
 
 
-def describe_error(err: ValidationError, source: str) -> str:
-    """One line per problem: file, dotted key, what is wrong and what is allowed."""
+def describe_error(err: ValidationError, source: str, root: Any = None) -> str:
+    """One line per problem: file, dotted key, what is wrong and what is allowed (keys of `root`'s sections)."""
     lines = []
     for e in err.errors():
         loc = tuple(p for p in e["loc"] if isinstance(p, str))
         key = ".".join(loc)
         msg = e["msg"]
         if e["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
-            allowed = allowed_keys(loc)
+            allowed = allowed_keys(loc, root)
             msg = "unknown key" + (f"; allowed: {', '.join(allowed)}" if allowed else "")
         elif e["type"] == "literal_error" and "expected" in e.get("ctx", {}):
             msg = f"{e.get('input')!r} is not allowed; allowed: {e['ctx']['expected']}"
         elif msg.startswith("Value error, "):
             msg = msg[len("Value error, "):]
-        lines.append(f"{source}: {key or '(top level)'}: {msg}")
+        if not key or msg.startswith((f"{key}.", f"{key}=")):  # the message names its own dotted key
+            lines.append(f"{source}: {msg}")
+        else:
+            lines.append(f"{source}: {key}: {msg}")
     return "\n".join(lines)
-
-
-class ConfigError(ValueError):
-    """A configuration problem, with the file and key in the message."""
 
 
 def build_trial(data: dict[str, Any], source: str = "<config>") -> TrialConfig:
@@ -427,7 +524,47 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def absolute_data_path(value: Any, base: Path) -> Any:
+    """A relative data-file path made absolute against `base`, the folder of the file that names it: Ray runs
+    trials in another working folder, so a path relative to the shell's folder would not be found there."""
+    if isinstance(value, str) and value and "://" not in value:
+        path = Path(value).expanduser()
+        return str(path if path.is_absolute() else (base / path).resolve())
+    return value
+
+
+def resolve_data_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
+    """task.csv / task.test_csv of a trial dict, made absolute against `base` (in place; returns data)."""
+    task = data.get("task")
+    if isinstance(task, dict):
+        for _, name in DATA_FILES:
+            if name in task:
+                task[name] = absolute_data_path(task[name], base)
+    return data
+
+
+def check_data_files(configs: list[TrialConfig], source: str) -> None:
+    """Read every distinct task CSV the configs name, as a trial would, so bad data (a broken row, an answer that
+    breaks the rules, too few puzzles to hold out a test set) is refused before any trial starts."""
+    from study.tasks.base import DataError
+    from study.tasks.loader import load_csv_splits
+
+    seen = set()
+    for cfg in configs:
+        t = cfg.task
+        key = (t.csv, t.test_csv, t.size, t.n_train, t.n_test)
+        if t.csv and key not in seen:
+            seen.add(key)
+            try:
+                load_csv_splits(t)
+            except DataError as e:
+                raise ConfigError(f"{source}: {e}") from None
+
+
 def load_trial(path: str | Path, overrides: list[str] | None = None) -> TrialConfig:
-    """A trial config from YAML (sections task/model/train/eval/seed) plus dotted key=value overrides."""
+    """A trial config from YAML (sections task/model/train/eval/seed) plus dotted key=value overrides. Relative
+    data-file paths are read against the YAML file's folder."""
     data = merge(load_yaml(path), parse_overrides(overrides or []))
-    return build_trial(data, str(path))
+    cfg = build_trial(resolve_data_paths(data, Path(path).resolve().parent), str(path))
+    check_data_files([cfg], str(path))
+    return cfg

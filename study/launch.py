@@ -51,8 +51,8 @@ def trainable(config: dict[str, Any]) -> None:
     study_name, metric = config["study"], config["metric"]
     node = ray.get_runtime_context().get_node_id()
 
-    if tid in store.completed_trials(study_name):  # e.g. two Optuna samples that resolve to the same config
-        row = store.scan("trials", study_name).collect().filter(trial_id=tid).row(0, named=True)
+    if store.is_complete(study_name, tid):  # e.g. two Optuna samples that resolve to the same config
+        row = store.trial_row(study_name, tid)
         tune.report({"trial_id": tid, "objective": row.get(metric) or 0.0, "skipped": 1, "node": node,
                      **{k: row[k] for k in ("final_exact_acc", "best_exact_acc") if row.get(k) is not None}})
         return
@@ -128,9 +128,13 @@ def cluster_nodes() -> list[dict[str, Any]]:
     return [n for n in ray.nodes() if n.get("Alive")]
 
 
-def check_storage(root: str, nodes: list[dict[str, Any]], shared: bool) -> None:
-    """A path local to this machine cannot serve nodes on other machines: refuse it up front."""
-    if "://" in root or shared:
+def check_storage(root: str, nodes: list[dict[str, Any]], shared: bool, data_files: list[str] = ()) -> None:
+    """Paths local to this machine (the results root, task data files) cannot serve nodes on other machines:
+    refuse them up front."""
+    if shared:
+        return
+    local = ([root] if "://" not in root else []) + sorted(set(data_files))
+    if not local:
         return
     addresses = {n.get("NodeManagerAddress", "") for n in nodes}
     import ray
@@ -138,10 +142,18 @@ def check_storage(root: str, nodes: list[dict[str, Any]], shared: bool) -> None:
     here = ray.util.get_node_ip_address()
     remote = sorted(a for a in addresses if a and a != here and not (is_loopback(a) and is_loopback(here)))
     if remote:
+        what = (f"storage {root!r} is a path on this machine" if local[0] == root else
+                f"task data {local[0]!r} is a file on this machine")
         raise ConfigError(
-            f"storage {root!r} is a path on this machine, but the cluster has nodes on other machines "
-            f"({', '.join(remote)}); their trials could not write results there. Use shared storage: an NFS path "
-            "mounted on every node (and pass --shared-storage), or an object store such as s3://bucket/prefix.")
+            f"{what}, but the cluster has nodes on other machines ({', '.join(remote)}); their trials could not "
+            "reach it. Use shared storage: an NFS path mounted on every node (and pass --shared-storage), or for "
+            "results an object store such as s3://bucket/prefix.")
+
+
+def data_files(study: Study) -> list[str]:
+    """Task data files the study's trials read (the base config's for an Optuna search)."""
+    configs = study.trials or [build_trial({**study.spec.base(), "seed": study.spec.sweep.seeds[0]}, study.source)]
+    return [p for c in configs for p in (c.task.csv, c.task.test_csv) if p]
 
 
 def storage_root(study: Study, override: str | None) -> str:
@@ -163,7 +175,7 @@ def progress_callback(study_name: str, total: int, mode: str, status_every_s: fl
         `status_every_s`, one line saying what each running trial is doing (train or eval, percent done)."""
 
         def __init__(self):
-            self.done = self.failed = 0
+            self.done = self.failed = self.retried = 0
             self.active: set[str] = set()  # counted here: Tune's statuses lag behind these callbacks
             self.best: float | None = None
             self.doing: dict[str, str] = {}  # running trial -> "train 40%" / "eval 12%"
@@ -171,8 +183,14 @@ def progress_callback(study_name: str, total: int, mode: str, status_every_s: fl
 
         def _line(self, what: str) -> None:
             best = "-" if self.best is None else f"{self.best:.3f}"
+            retried = f"  retried {self.retried}" if self.retried else ""
             eprint(f"[{study_name}] {what:<26} done {self.done}/{total}  running {len(self.active)}  "
-                   f"failed {self.failed}  best objective {best}")
+                   f"failed {self.failed}{retried}  best objective {best}")
+
+        @property
+        def finished(self) -> int:
+            """Trials that ended, well or not; fewer than `total` after fit() means the run was interrupted."""
+            return self.done + self.failed
 
         def on_trial_start(self, iteration, trials, trial, **info):
             self.active.add(trial.trial_id)
@@ -195,6 +213,13 @@ def progress_callback(study_name: str, total: int, mode: str, status_every_s: fl
             tid = (trial.last_result or {}).get("trial_id", trial.trial_id)
             self._line(f"finished {tid}")
 
+        def on_trial_recover(self, iteration, trials, trial, **info):
+            # the trial's worker or node died and Tune runs it again from its last checkpoint (FailureConfig)
+            self.doing.pop(trial.trial_id, None)
+            self.active.discard(trial.trial_id)
+            self.retried += 1
+            self._line(f"retrying {trial.trial_id}")
+
         def on_trial_error(self, iteration, trials, trial, **info):
             self.doing.pop(trial.trial_id, None)
             self.active.discard(trial.trial_id)
@@ -206,6 +231,7 @@ def progress_callback(study_name: str, total: int, mode: str, status_every_s: fl
 
 # -- running -----------------------------------------------------------------------------------------------------------
 def build_tuner(study: Study, root: str, pending: list, threads: int):
+    """The Tuner for the pending trials (grid) or the Optuna search, and its progress callback."""
     from ray import tune
     from ray.tune.logger import JsonLoggerCallback
 
@@ -236,6 +262,7 @@ def build_tuner(study: Study, root: str, pending: list, threads: int):
                                   grace_period=sweep.asha.grace_period, reduction_factor=sweep.asha.reduction_factor)
     resources = {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu}
     total = num_samples if sweep.optuna else len(pending)
+    progress = progress_callback(spec.name, total, mode)
     tuner = tune.Tuner(
         tune.with_resources(trainable, resources),
         param_space=param_space,
@@ -247,10 +274,10 @@ def build_tuner(study: Study, root: str, pending: list, threads: int):
             failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
             # result.json only (Tune's ResultGrid reads it); the auto loggers are off, see init_ray
-            callbacks=[progress_callback(spec.name, total, mode), JsonLoggerCallback()],
+            callbacks=[progress, JsonLoggerCallback()],
         ),
     )
-    return tuner
+    return tuner, progress
 
 
 def save_spec(store: Store, study: Study) -> None:
@@ -269,7 +296,7 @@ def run_study(study: Study, *, address: str | None = None, storage: str | None =
     import ray
 
     check_resources(study, ray.cluster_resources())
-    check_storage(root, cluster_nodes(), shared_storage)
+    check_storage(root, cluster_nodes(), shared_storage, data_files(study))
     save_spec(store, study)
     done = store.completed_trials(study.name)
     pending = [c for c in study.trials if trial_id(c) not in done]
@@ -283,9 +310,16 @@ def run_study(study: Study, *, address: str | None = None, storage: str | None =
     n = study.spec.sweep.optuna.num_samples if study.is_optuna else len(pending)
     eprint(f"[{study.name}] {n} trial(s) on Ray ({address or 'embedded'}); results -> {root}")
     t0 = time.perf_counter()
-    grid = build_tuner(study, root, pending, threads).fit()
+    tuner, progress = build_tuner(study, root, pending, threads)
+    grid = tuner.fit()
     errors = sum(1 for r in grid if r.error is not None)
-    eprint(f"[{study.name}] finished in {time.perf_counter() - t0:.0f}s: {len(grid) - errors} ok, {errors} failed")
+    took = f"{time.perf_counter() - t0:.0f}s"
+    if progress.finished < n:  # Tune returns normally after Ctrl-C: do not call that finished
+        eprint(f"[{study.name}] interrupted after {took}: {progress.done} trial(s) complete this run, "
+               f"{progress.failed} failed, {n - progress.finished} not finished. Complete trials stay in {root}; "
+               f"continue with: loopstudy resume {study.name} --storage {root}")
+        return {"ran": len(grid), "skipped": skipped, "errors": errors, "interrupted": True}
+    eprint(f"[{study.name}] finished in {took}: {len(grid) - errors} ok, {errors} failed")
     return {"ran": len(grid), "skipped": skipped, "errors": errors}
 
 

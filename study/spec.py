@@ -19,11 +19,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
-from study.config import ConfigError, TrialConfig, build_trial, describe_error, load_yaml, set_dotted, trial_id
-
-FINAL_METRICS = ("final_exact_acc", "best_exact_acc", "final_cell_acc")
+from study.config import (
+    DATA_FILES,
+    ConfigError,
+    TrialConfig,
+    absolute_data_path,
+    build_trial,
+    check_data_files,
+    check_study_name,
+    describe_error,
+    load_yaml,
+    merge,
+    parse_overrides,
+    resolve_data_paths,
+    set_dotted,
+    trial_id,
+)
 
 
 class Strict(BaseModel):
@@ -52,6 +65,20 @@ class OptunaSpec(Strict):
     num_samples: int = 8
     space: dict[str, OptunaParam]
 
+    @field_validator("num_samples")
+    @classmethod
+    def _samples(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError(f"{v} is not allowed; an Optuna search needs at least 1 sample")
+        return v
+
+    @field_validator("space")
+    @classmethod
+    def _space(cls, v: dict[str, OptunaParam]) -> dict[str, OptunaParam]:
+        if not v:
+            raise ValueError("give at least one dotted key to search")
+        return v
+
 
 class AshaSpec(Strict):
     """Early stopping on the training exact accuracy reported every log_every steps (time = reports)."""
@@ -59,6 +86,15 @@ class AshaSpec(Strict):
     max_t: int = 100
     grace_period: int = 2
     reduction_factor: float = 2.0
+
+    @model_validator(mode="after")
+    def _check(self) -> AshaSpec:
+        if self.max_t < 1 or not 1 <= self.grace_period <= self.max_t:
+            raise ValueError(f"max_t={self.max_t}, grace_period={self.grace_period} are not allowed; "
+                             "need 1 <= grace_period <= max_t")
+        if not self.reduction_factor > 1:
+            raise ValueError(f"reduction_factor={self.reduction_factor} is not allowed; it must be > 1")
+        return self
 
 
 class SweepSpec(Strict):
@@ -77,16 +113,47 @@ class SweepSpec(Strict):
             raise ValueError("give at least one seed")
         return v
 
+    @field_validator("grid")
+    @classmethod
+    def _grid(cls, v: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        empty = [k for k, values in v.items() if not values]
+        if empty:
+            raise ValueError(f"axis {empty[0]!r} has no values: give at least one (or remove the axis)")
+        return v
+
+    @field_validator("variants")
+    @classmethod
+    def _variants(cls, v: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        names = [str(var["name"]) for var in v if "name" in var]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"variant name(s) {twice} appear more than once: each variant needs its own name")
+        return v
+
+    @field_validator("max_concurrent", "max_failures")
+    @classmethod
+    def _count(cls, v: int) -> int:
+        if v < 0:
+            raise ValueError(f"{v} is not allowed; it must be >= 0 (max_concurrent 0: no limit)")
+        return v
+
 
 class Resources(Strict):
     cpu: float = 1.0
     gpu: float = 0.0
 
-    @field_validator("cpu", "gpu")
+    @field_validator("cpu")
     @classmethod
-    def _nonneg(cls, v: float) -> float:
+    def _cpu(cls, v: float) -> float:
+        if not v > 0:
+            raise ValueError(f"{v} is not allowed; a trial needs cpu > 0 (e.g. 1, or 0.5 to share a core)")
+        return v
+
+    @field_validator("gpu")
+    @classmethod
+    def _gpu(cls, v: float) -> float:
         if v < 0:
-            raise ValueError("must be >= 0")
+            raise ValueError(f"{v} is not allowed; it must be >= 0 (a fraction such as 0.5 shares one GPU)")
         return v
 
 
@@ -104,9 +171,10 @@ class StudySpec(Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not v or any(c in v for c in "/\\= ") or v.startswith((".", "_")):
-            raise ValueError("a study name is a non-empty word without '/', '=', spaces or a leading '.' or '_'")
-        return v
+        try:
+            return check_study_name(v)
+        except ConfigError as e:
+            raise ValueError(str(e)) from None
 
     def base(self) -> dict[str, Any]:
         return {"task": self.task, "model": self.model, "train": self.train, "eval": self.eval}
@@ -130,10 +198,13 @@ class Study:
         return self.spec.sweep.optuna is not None
 
 
-def _with(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+def _with(base: dict[str, Any], overrides: dict[str, Any], source: str = "<spec>") -> dict[str, Any]:
     out = copy.deepcopy(base)
     for k, v in overrides.items():
-        set_dotted(out, k, v)
+        try:
+            set_dotted(out, k, v)
+        except ConfigError as e:
+            raise ConfigError(f"{source}: {e}") from None
     return out
 
 
@@ -155,16 +226,34 @@ def grid_points(sweep: SweepSpec) -> list[dict[str, Any]]:
     return points
 
 
+def resolve_spec_paths(data: dict[str, Any], base: Path) -> None:
+    """Data-file paths anywhere in a spec (base sections, grid axes, variants) made absolute against the spec's
+    folder, in place; the saved copy of the spec (status, resume) then finds them from anywhere."""
+    resolve_data_paths(data, base)
+    sweep = data.get("sweep")
+    if not isinstance(sweep, dict):
+        return
+    keys = {f"{section}.{name}" for section, name in DATA_FILES}
+    grid = sweep.get("grid")
+    if isinstance(grid, dict):
+        for k in keys & set(grid):
+            if isinstance(grid[k], list):
+                grid[k] = [absolute_data_path(v, base) for v in grid[k]]
+    for var in sweep.get("variants") or []:
+        if isinstance(var, dict):
+            for k in keys & set(var):
+                var[k] = absolute_data_path(var[k], base)
+
+
 def load_study(path: str | Path, overrides: list[str] | None = None) -> Study:
     """Read and validate a spec; expand grid studies to their trials. Raises ConfigError naming file and key."""
-    from study.config import merge, parse_overrides
-
     source = str(path)
     data = merge(load_yaml(path), parse_overrides(overrides or []))
+    resolve_spec_paths(data, Path(path).resolve().parent)
     try:
         spec = StudySpec.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(describe_error(e, source)) from None
+        raise ConfigError(describe_error(e, source, StudySpec)) from None
     sweep = spec.sweep
     if sweep.optuna is not None:
         if sweep.grid or sweep.variants:
@@ -192,19 +281,21 @@ def load_study(path: str | Path, overrides: list[str] | None = None) -> Study:
         samples = [{k: pick(p, end) for k, p in space.items()} for end in (0, -1)]
         for k, p in space.items():
             samples += [{**samples[0], k: v} for v in (p.values or [])]
-        for sample in samples:
-            build_trial(_with(base, {**sample, "seed": sweep.seeds[0]}), f"{source} (optuna space point {sample})")
+        checked = [build_trial(_with(base, {**sample, "seed": sweep.seeds[0]}, source),
+                               f"{source} (optuna space point {sample})") for sample in samples]
+        check_data_files(checked, source)
         return study
     seen = set()
     for over in grid_points(sweep):
         for k in over:
             if k not in ("seed", "label") and k.split(".")[0] not in ("task", "model", "train", "eval"):
                 raise ConfigError(f"{source}: sweep key {k!r} must start with task., model., train. or eval.")
-        cfg = build_trial(_with(base, over), f"{source} (sweep point {over})")
+        cfg = build_trial(_with(base, over, source), f"{source} (sweep point {over})")
         tid = trial_id(cfg)
         if tid not in seen:  # two points that resolve to the same config run once
             seen.add(tid)
             study.trials.append(cfg)
+    check_data_files(study.trials, source)
     return study
 
 

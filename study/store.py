@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import sys
 import types
 import typing
@@ -25,9 +26,10 @@ import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from study.config import TrialConfig
+from study.config import STUDY_NAME, TrialConfig, check_study_name
 
 SCHEMA_VERSION = 1
+TRIAL_FILE = re.compile(r"[A-Za-z0-9_-]+\.parquet")  # <trial_id>.parquet: what a trial writes, nothing else
 
 _KEY = [pa.field("trial_id", pa.string()), pa.field("schema_version", pa.int32())]
 
@@ -124,23 +126,42 @@ class Store:
     def __init__(self, root: str | os.PathLike):
         root = str(root)
         if "://" in root:
-            self.fs, path = pafs.FileSystem.from_uri(root)
+            try:
+                self.fs, path = pafs.FileSystem.from_uri(root)
+            except (pa.ArrowException, ValueError) as e:
+                raise StoreError(f"results store {root}: {e}") from None
             self.local = isinstance(self.fs, pafs.LocalFileSystem)
         else:
             self.fs, path, self.local = pafs.LocalFileSystem(), os.path.abspath(root), True
         self.uri = root
         self.root = path.rstrip("/")
+        self._warned: set[str] = set()
+        if self.fs.get_file_info(self.root).type == pafs.FileType.File:
+            raise StoreError(f"results store {root} is a file; give a folder (it is created if missing) or "
+                             "an object-store URI such as s3://bucket/prefix")
+
+    def exists(self) -> bool:
+        """Whether the root is there (a store that was never written to is not)."""
+        return self.fs.get_file_info(self.root).type == pafs.FileType.Directory
+
+    def require(self) -> Store:
+        """self, or StoreError when the root does not exist (reading commands: say so rather than show 0 rows)."""
+        if not self.exists():
+            raise StoreError(f"no results store at {self.uri}: nothing has been written there (check --store)")
+        return self
 
     def __repr__(self) -> str:
         return f"Store({self.uri!r})"
 
     def _dir(self, table: str, study: str) -> str:
-        return f"{self.root}/{table}/study={study}"
+        return f"{self.root}/{table}/study={check_study_name(study)}"
 
     # -- writing ---------------------------------------------------------------------------------------------------
     def write(self, table: str, study: str, trial_id: str, rows: list[dict[str, Any]]) -> str:
         """Write (or replace) one trial's rows of one table; returns the file path."""
         sch = schema(table)
+        if not TRIAL_FILE.fullmatch(f"{trial_id}.parquet"):
+            raise StoreError(f"trial id {trial_id!r} is not allowed: letters, digits, '_' and '-' only")
         names = set(sch.names)
         unknown = sorted({k for r in rows for k in r} - names - {"study"})
         if unknown:
@@ -167,74 +188,119 @@ class Store:
 
     # -- reading ---------------------------------------------------------------------------------------------------
     def studies(self) -> list[str]:
-        """Studies with at least one file in any table."""
+        """Studies with at least one file in any table (folders whose name breaks the study-name rule are not)."""
         found: set[str] = set()
         for table in TABLES:
             base = f"{self.root}/{table}"
-            if self.fs.get_file_info(base).type != pafs.FileType.Directory:
-                continue
             for info in self.fs.get_file_info(pafs.FileSelector(base, allow_not_found=True)):
-                if info.type == pafs.FileType.Directory and info.base_name.startswith("study="):
-                    found.add(info.base_name[len("study="):])
+                name = info.base_name[len("study="):]
+                if info.type == pafs.FileType.Directory and info.base_name.startswith("study=") and \
+                        STUDY_NAME.fullmatch(name) and ".." not in name:
+                    found.add(name)
         return sorted(found)
 
+    def _warn(self, path: str, why: str) -> None:
+        if path not in self._warned:  # once per file and Store, however many tables a command reads
+            self._warned.add(path)
+            print(f"loopstudy: left out {path}: {why}", file=sys.stderr)
+
     def files(self, table: str, study: str | None = None) -> list[str]:
-        schema(table)  # validates the name
-        base = f"{self.root}/{table}" + (f"/study={study}" if study else "")
-        sel = pafs.FileSelector(base, recursive=True, allow_not_found=True)
-        out = [i.path for i in self.fs.get_file_info(sel)
-               if i.type == pafs.FileType.File and i.base_name.endswith(".parquet")
-               and not i.base_name.startswith((".", "_"))]
+        """The table's trial files, `<table>/study=<name>/<trial_id>.parquet`, one study or all.
+
+        Anything else under the table (a stray copy such as `<id> (1).parquet`, a `backup/` folder, a folder whose
+        name breaks the study-name rule) would count a trial twice: it is named on stderr and left out. Dot- and
+        underscore-files (writes in flight) are passed over silently.
+        """
+        schema(table)  # validates the table name
+        base = f"{self.root}/{table}" + (f"/study={check_study_name(study)}" if study else "")
+        out = []
+        for info in self.fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True)):
+            if info.type != pafs.FileType.File or info.base_name.startswith((".", "_")):
+                continue
+            parts = info.path[len(self.root) + len(table) + 2:].split("/")
+            name = parts[0][len("study="):] if parts[0].startswith("study=") else ""
+            if len(parts) == 2 and STUDY_NAME.fullmatch(name) and ".." not in name and \
+                    TRIAL_FILE.fullmatch(parts[1]):
+                out.append(info.path)
+            else:
+                self._warn(info.path, "not a trial file (<table>/study=<name>/<trial_id>.parquet)")
         return sorted(out)
 
-    def _bad_files(self, files: list[str]) -> dict[str, str]:
-        bad = {}
-        for f in files:
-            try:
-                with self.fs.open_input_file(f) as fh:
-                    pq.ParquetFile(fh).read()
-            except (pa.ArrowException, OSError) as e:
-                bad[f] = str(e).splitlines()[0]
-        return bad
+    def _check_file(self, table: str, path: str, want: pa.Schema) -> str | None:
+        """Why the file cannot be read as part of `table` (None when it can), from its footer alone: unreadable,
+        a column of the wrong type, or rows of another trial than its name says (a renamed copy)."""
+        try:
+            with self.fs.open_input_file(path) as fh:
+                meta = pq.read_metadata(fh)
+            got = meta.schema.to_arrow_schema()
+        except (pa.ArrowException, OSError) as e:
+            return f"unreadable Parquet ({str(e).splitlines()[0]})"
+        for f in got:
+            i = want.get_field_index(f.name)
+            if i >= 0 and not f.type.equals(want.field(i).type):
+                return f"column {f.name!r} is {f.type}, the {table} table's schema says {want.field(i).type}"
+        stem = path.rsplit("/", 1)[-1][:-len(".parquet")]
+        col = got.get_field_index("trial_id")
+        if col < 0:
+            return "no trial_id column"
+        for g in range(meta.num_row_groups):
+            stats = meta.row_group(g).column(col).statistics
+            if stats is not None and stats.has_min_max and (stats.min, stats.max) != (stem, stem):
+                return f"its rows belong to trial {stats.min!r}, not {stem!r} (a renamed copy?)"
+        return None
 
-    def _readable(self, table: str, files: list[str], err: Exception, skip_bad: bool) -> list[str]:
-        """After a failed read: name the corrupt files (StoreError), or with skip_bad return the others."""
-        bad = self._bad_files(files)
-        if not bad:
-            raise StoreError(f"reading table {table} from {self.uri}: {err}") from None
-        if not skip_bad:
+    def valid_files(self, table: str, study: str | None = None, skip_bad: bool = False) -> list[str]:
+        """files() less those whose footer shows them corrupt or of another schema: StoreError naming them, or with
+        skip_bad each named on stderr and left out."""
+        want = schema(table)
+        files = self.files(table, study)
+        return self._without_bad(table, files, {f: why for f in files if (why := self._check_file(table, f, want))},
+                                 skip_bad)
+
+    def _without_bad(self, table: str, files: list[str], bad: dict[str, str], skip_bad: bool) -> list[str]:
+        if bad and not skip_bad:
             listing = "; ".join(f"{f}: {why}" for f, why in bad.items())
-            raise StoreError(f"corrupt Parquet file(s) in {table}: {listing}. "
-                             "Pass --skip-bad (skip_bad=True) to read the rest.") from None
-        for f in bad:
-            print(f"loopstudy: skipping corrupt file {f}", file=sys.stderr)
+            raise StoreError(f"bad Parquet file(s) in {table}: {listing}. "
+                             "Pass --skip-bad (skip_bad=True) to read the rest.")
+        for f, why in bad.items():
+            self._warn(f, why)
         return [f for f in files if f not in bad]
+
+    def _read_error(self, path: str) -> str | None:
+        try:
+            with self.fs.open_input_file(path) as fh:
+                pq.ParquetFile(fh).read()
+        except (pa.ArrowException, OSError) as e:
+            return f"unreadable Parquet ({str(e).splitlines()[0]})"
+        return None
 
     def read(self, table: str, study: str | None = None, skip_bad: bool = False) -> pa.Table:
         """All rows of `table` (one study or all), with a `study` column, under the table's current schema."""
         sch = schema(table)
-        files = self.files(table, study)
-        part = pads.partitioning(pa.schema([("study", pa.string())]), flavor="hive")
+        files = self.valid_files(table, study, skip_bad)
         full_schema = sch.append(pa.field("study", pa.string()))
         if not files:
             return full_schema.empty_table()
+        part = pads.partitioning(pa.schema([("study", pa.string())]), flavor="hive")
 
         def load(fs_list: list[str]) -> pa.Table:
-            ds = pads.dataset(fs_list, schema=full_schema, format="parquet", filesystem=self.fs,
-                              partitioning=part, partition_base_dir=f"{self.root}/{table}")
-            return ds.to_table()
+            return pads.dataset(fs_list, schema=full_schema, format="parquet", filesystem=self.fs, partitioning=part,
+                                partition_base_dir=f"{self.root}/{table}").to_table()
 
         try:
             return load(files)
-        except (pa.ArrowException, OSError) as err:
-            good = self._readable(table, files, err, skip_bad)
+        except (pa.ArrowException, OSError) as err:  # damage past the footer: find the file(s) by reading each
+            bad = {f: why for f in files if (why := self._read_error(f))}
+            if not bad:
+                raise StoreError(f"reading table {table} from {self.uri}: {err}") from None
+            good = self._without_bad(table, files, bad, skip_bad)
             return load(good) if good else full_schema.empty_table()
 
     def scan(self, table: str, study: str | None = None, skip_bad: bool = False):
-        """The table as a Polars frame (read eagerly, returned lazy), with a `study` column.
+        """The table as a Polars LazyFrame with a `study` column; projections and filters reach the Parquet scan.
 
-        Local stores are read by Polars' own multi-threaded Parquet reader (pyarrow's per-file dataset overhead
-        dominates with thousands of small files); object stores go through pyarrow.fs (read()).
+        Local stores are scanned by Polars' own reader over the checked trial files (Hive partition `study`);
+        object stores go through pyarrow.fs (read()).
         """
         import polars as pl
 
@@ -242,26 +308,11 @@ class Store:
             # one chunk per file would make the conversion crawl over many tiny chunks: combine them first
             return pl.from_arrow(self.read(table, study, skip_bad).combine_chunks()).lazy()
         sch = pl.from_arrow(schema(table).empty_table()).schema
-
-        def load(files: list[str]) -> pl.DataFrame:
-            return pl.scan_parquet(files, schema=sch, missing_columns="insert", extra_columns="ignore").collect()
-
-        frames = []
-        for s in [study] if study else self.studies():
-            files = self.files(table, s)
-            if not files:
-                continue
-            try:
-                df = load(files)
-            except (pl.exceptions.PolarsError, OSError) as err:
-                good = self._readable(table, files, err, skip_bad)
-                if not good:
-                    continue
-                df = load(good)
-            frames.append(df.with_columns(pl.lit(s).alias("study")))
-        if not frames:
-            return pl.DataFrame(schema={**sch, "study": pl.String}).lazy()
-        return pl.concat(frames).lazy()
+        files = self.valid_files(table, study, skip_bad)
+        if not files:
+            return pl.LazyFrame(schema={**sch, "study": pl.String})
+        return pl.scan_parquet(files, schema=sch, missing_columns="insert", extra_columns="ignore",
+                               hive_partitioning=True, hive_schema={"study": pl.String})
 
     def put_text(self, rel: str, text: str) -> None:
         """A small text file under the root (e.g. _studies/<name>.yaml); readers of tables ignore '_' dirs."""
@@ -277,13 +328,38 @@ class Store:
         with self.fs.open_input_stream(path) as f:
             return f.read().decode()
 
+    def trial_row(self, study: str, trial_id: str) -> dict[str, Any] | None:
+        """One trial's row of the trials table, from its own file alone (None when it has no sound file)."""
+        path = f"{self._dir('trials', study)}/{trial_id}.parquet"
+        if self.fs.get_file_info(path).type != pafs.FileType.File or self._check_file("trials", path, trials_schema()):
+            return None
+        with self.fs.open_input_file(path) as fh:
+            rows = pq.read_table(fh).to_pylist()
+        return rows[0] if rows else None
+
+    def is_complete(self, study: str, trial_id: str) -> bool:
+        """Whether one trial's results are complete, from its own files alone: the cost does not grow with the
+        study. Same rule as completed_trials."""
+        row = self.trial_row(study, trial_id)
+        if row is None or row.get("status") != "complete":
+            return False
+        for table in SCHEMAS:
+            path = f"{self._dir(table, study)}/{trial_id}.parquet"
+            if self.fs.get_file_info(path).type != pafs.FileType.File or self._check_file(table, path, schema(table)):
+                return False
+        return True
+
     def completed_trials(self, study: str) -> set[str]:
-        """Trial ids whose results are complete (the trials row, written last, says status=complete)."""
-        t = self.read("trials", study, skip_bad=True)
-        if t.num_rows == 0:
-            return set()
-        ids, status = t.column("trial_id").to_pylist(), t.column("status").to_pylist()
-        return {i for i, s in zip(ids, status) if s == "complete"}
+        """Trial ids whose results are complete: the trials row (written last) says status=complete and every other
+        table holds a sound file for the trial, so a trial with a corrupt or missing file runs again."""
+        import polars as pl
+
+        done = set(self.scan("trials", study, skip_bad=True).filter(pl.col("status") == "complete")
+                   .select("trial_id").collect()["trial_id"].to_list())
+        for table in SCHEMAS:
+            files = self.valid_files(table, study, skip_bad=True)
+            done &= {f.rsplit("/", 1)[-1][:-len(".parquet")] for f in files}
+        return done
 
 
 def now_utc() -> datetime:

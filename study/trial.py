@@ -73,6 +73,7 @@ def run_trial(
     if resume is not None:
         resume(trainer)
     if on_phase:
+        on_phase(f"data: {task.source}")
         on_phase(f"training {tid}: {sum(p.numel() for p in model.parameters()):,} parameters, "
                  f"{cfg.train.steps} steps")
     history = trainer.fit(on_log=on_log, checkpoint=checkpoint)

@@ -24,10 +24,11 @@ def local_cluster(*args: str) -> str:
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """Head (0 CPUs, job server on 127.0.0.1:8266) + workers w1, w2 (1 CPU each). Stopped at the end."""
-    local_cluster("stop")
+    """Head (0 CPUs, job server on 127.0.0.1:8266) + workers w1, w2 (1 CPU each). Stopped at the end: only this
+    cluster's processes (a Ray the user runs beside the tests is left alone)."""
+    local_cluster("stop", "--port", "6391")  # leftovers of an earlier run of this same test cluster, if any
     info = json.loads(local_cluster("start", "--workers", "2", "--port", "6391", "--dashboard-port", "8266"))
     try:
         yield info
     finally:
-        local_cluster("stop")
+        local_cluster("stop", "--port", "6391")

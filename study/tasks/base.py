@@ -9,6 +9,10 @@ import numpy as np
 IGNORE = -100  # label value for positions that carry no target (padding)
 
 
+class DataError(ValueError):
+    """Bad task data (a CSV that breaks its format or the puzzle's rules); the message names file and line."""
+
+
 @dataclass
 class Split:
     """One set of samples: inputs and labels (N, S) int64, difficulty (N,) int64."""

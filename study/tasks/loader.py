@@ -18,7 +18,7 @@ import numpy as np
 
 from study.config import TaskConfig
 from study.tasks import maze, state_tracking, sudoku
-from study.tasks.base import Split, TaskSpec
+from study.tasks.base import DataError, Split, TaskSpec
 
 
 @dataclass
@@ -27,6 +27,7 @@ class Task:
     train: Split
     test: Split
     cfg: TaskConfig
+    source: str = "generated"  # where the splits came from, in words (printed when a trial starts)
 
     def augment(self, batch: Split, rng: np.random.Generator) -> Split:
         """Training augmentation (sudoku symmetries); identity for the other tasks."""
@@ -81,16 +82,33 @@ def task_spec(cfg: TaskConfig) -> TaskSpec:
     return state_tracking.state_spec(cfg.group, cfg.length)
 
 
+def load_csv_splits(cfg: TaskConfig) -> tuple[Split, Split, str]:
+    """(train, test, source in words) from task.csv and task.test_csv. Without test_csv, the test set is held out
+    of task.csv: the last n_test of its first n_train + n_test puzzles (never the generator's puzzles, which come
+    from another distribution). DataError when there is nothing left to train on."""
+    if cfg.test_csv:
+        train = sudoku.load_csv(cfg.csv, cfg.size, limit=cfg.n_train)
+        test = sudoku.load_csv(cfg.test_csv, cfg.size, limit=cfg.n_test)
+        return train, test, f"train: {len(train)} puzzles of {cfg.csv}; test: {len(test)} of {cfg.test_csv}"
+    rows = sudoku.load_csv(cfg.csv, cfg.size, limit=cfg.n_train + cfg.n_test)
+    if len(rows) <= cfg.n_test:
+        raise DataError(f"task.csv: {cfg.csv} has {len(rows)} puzzles; holding out task.n_test={cfg.n_test} of them "
+                        "for testing leaves none to train on. Set task.test_csv or lower task.n_test.")
+    cut = len(rows) - cfg.n_test
+    train, test = rows.take(slice(0, cut)), rows.take(slice(cut, None))
+    return train, test, (f"train: {len(train)} puzzles of {cfg.csv}; test: the next {len(test)} held out of the same "
+                         "file (task.test_csv not set)")
+
+
 def load_task(cfg: TaskConfig) -> Task:
     """The task's spec and splits: from the CSV files when given, else generated (cached)."""
+    if cfg.csv:
+        train, test, source = load_csv_splits(cfg)
+        return Task(task_spec(cfg), train, test, cfg, source)
     cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
     splits = {}
-    for which, csv_path in (("train", cfg.csv), ("test", cfg.test_csv)):
-        if csv_path:
-            limit = cfg.n_train if which == "train" else cfg.n_test
-            splits[which] = sudoku.load_csv(csv_path, cfg.size, limit=limit)
-        else:
-            settings = {k: v for k, v in asdict(cfg).items() if k not in ("cache_dir", "augment", "csv", "test_csv")}
-            key = {**settings, "split": which, "version": 1}
-            splits[which] = cached(key, lambda w=which: generate_split(cfg, w), cache_dir)
+    for which in ("train", "test"):
+        settings = {k: v for k, v in asdict(cfg).items() if k not in ("cache_dir", "augment", "csv", "test_csv")}
+        key = {**settings, "split": which, "version": 1}
+        splits[which] = cached(key, lambda w=which: generate_split(cfg, w), cache_dir)
     return Task(task_spec(cfg), splits["train"], splits["test"], cfg)

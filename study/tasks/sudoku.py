@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from study.tasks.base import Split, TaskSpec
+from study.tasks.base import DataError, Split, TaskSpec
 
 BOXES = {4: (2, 2), 6: (2, 3), 9: (3, 3)}
 # Blank counts the greedy remover reaches reliably. Above these it would search for a very long time
@@ -205,45 +205,69 @@ def is_valid_solution(board: np.ndarray, size: int) -> bool:
 def load_csv(path: str | Path, size: int = 9, limit: int | None = None) -> Split:
     """Sudoku-Extreme's CSV format: header `source,q,a,rating`; q uses '.' or '0' for blanks.
 
-    Errors name the file and line: wrong length, bad characters, or q and a disagreeing on a given.
+    DataError names the file and line: wrong length, bad characters, q and a disagreeing on a given, or an answer
+    that breaks the rules (a digit twice in a row, column or box).
     """
     path = Path(path)
+    if path.is_dir():
+        raise DataError(f"task.csv: {path} is a folder, not a CSV file")
     if not path.exists():
-        raise FileNotFoundError(f"task.csv: {path} does not exist")
+        raise DataError(f"task.csv: {path} does not exist")
     n2 = size * size
     digits = set("123456789"[:size])
     inputs, labels, diff = [], [], []
-    with path.open(newline="") as f:
+    try:
+        f = path.open(newline="")
+    except OSError as e:
+        raise DataError(f"task.csv: {path}: {e.strerror}") from None
+    with f:
         reader = csv.reader(f)
-        header = next(reader, None)
+        try:
+            header = next(reader, None)
+        except (UnicodeDecodeError, csv.Error) as e:
+            raise DataError(f"{path}:1: not a text CSV file ({e})") from None
         if header is None or [h.strip() for h in header[:3]] != ["source", "q", "a"]:
-            raise ValueError(f"{path}:1: expected the header 'source,q,a,rating', got {header}")
-        for line, row in enumerate(reader, start=2):
-            if limit is not None and len(inputs) >= limit:
-                break
-            if not row:
-                continue
-            if len(row) < 3:
-                raise ValueError(f"{path}:{line}: expected columns source,q,a,rating; got {len(row)} columns")
-            q, a = row[1].strip(), row[2].strip()
-            for name, s in (("q", q), ("a", a)):
-                if len(s) != n2:
-                    raise ValueError(f"{path}:{line}: {name} has {len(s)} characters; a {size}x{size} board "
-                                     f"needs {n2}")
-            bad = sorted(set(q) - digits - {".", "0"})
-            if bad:
-                raise ValueError(f"{path}:{line}: q has bad characters {bad}; allowed: digits, '.' or '0'")
-            bad = sorted(set(a) - digits)
-            if bad:
-                raise ValueError(f"{path}:{line}: a has bad characters {bad}; allowed: digits 1..{size}")
-            qv = [0 if ch in ".0" else int(ch) for ch in q]
-            av = [int(ch) for ch in a]
-            clash = [i for i in range(n2) if qv[i] and qv[i] != av[i]]
-            if clash:
-                raise ValueError(f"{path}:{line}: q and a disagree on the given at cell {clash[0]}")
-            inputs.append(encode(qv))
-            labels.append(encode(av))
-            diff.append(qv.count(0))
+            raise DataError(f"{path}:1: expected the header 'source,q,a,rating', got {header}")
+        line = 1
+        try:
+            for line, row in enumerate(reader, start=2):
+                if limit is not None and len(inputs) >= limit:
+                    break
+                if not row:
+                    continue
+                q, a = check_csv_row(path, line, row, size, n2, digits)
+                inputs.append(encode(q))
+                labels.append(encode(a))
+                diff.append(q.count(0))
+        except (UnicodeDecodeError, csv.Error) as e:
+            raise DataError(f"{path}:{line + 1}: not a text CSV line ({e})") from None
     if not inputs:
-        raise ValueError(f"{path}: no puzzles found")
+        raise DataError(f"{path}: no puzzles found")
     return Split(np.stack(inputs), np.stack(labels), np.asarray(diff, dtype=np.int64))
+
+
+def check_csv_row(path: Path, line: int, row: list[str], size: int, n2: int,
+                  digits: set[str]) -> tuple[list[int], list[int]]:
+    """One CSV row -> (puzzle, answer) as digit lists (0 = blank); DataError naming file:line when it is wrong."""
+    where = f"{path}:{line}"
+    if len(row) < 3:
+        raise DataError(f"{where}: expected columns source,q,a,rating; got {len(row)} columns")
+    q, a = row[1].strip(), row[2].strip()
+    for name, s in (("q", q), ("a", a)):
+        if len(s) != n2:
+            raise DataError(f"{where}: {name} has {len(s)} characters; a {size}x{size} board needs {n2}")
+    bad = sorted(set(q) - digits - {".", "0"})
+    if bad:
+        raise DataError(f"{where}: q has bad characters {bad}; allowed: digits 1..{size}, '.' or '0'")
+    bad = sorted(set(a) - digits)
+    if bad:
+        raise DataError(f"{where}: a has bad characters {bad}; allowed: digits 1..{size}")
+    qv = [0 if ch in ".0" else int(ch) for ch in q]
+    av = [int(ch) for ch in a]
+    clash = [i for i in range(n2) if qv[i] and qv[i] != av[i]]
+    if clash:
+        raise DataError(f"{where}: q and a disagree on the given at cell {clash[0]}")
+    if not is_valid_solution(np.asarray(av), size):
+        raise DataError(f"{where}: a is not a solved {size}x{size} sudoku (a digit repeats in a row, column "
+                        "or box)")
+    return qv, av
