@@ -239,7 +239,8 @@ def resolve_spec_paths(data: dict[str, Any], base: Path) -> None:
         for k in keys & set(grid):
             if isinstance(grid[k], list):
                 grid[k] = [absolute_data_path(v, base) for v in grid[k]]
-    for var in sweep.get("variants") or []:
+    variants = sweep.get("variants")
+    for var in variants if isinstance(variants, list) else []:  # malformed sections are refused by validation
         if isinstance(var, dict):
             for k in keys & set(var):
                 var[k] = absolute_data_path(var[k], base)

@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 from study.config import STUDY_NAME, TrialConfig, check_study_name
 
 SCHEMA_VERSION = 1
+STRAY = "stray: "  # marks a _check_file verdict that leaves the file out always (not a trial's own file)
 TRIAL_FILE = re.compile(r"[A-Za-z0-9_-]+\.parquet")  # <trial_id>.parquet: what a trial writes, nothing else
 
 _KEY = [pa.field("trial_id", pa.string()), pa.field("schema_version", pa.int32())]
@@ -212,7 +213,7 @@ class Store:
         underscore-files (writes in flight) are passed over silently.
         """
         schema(table)  # validates the table name
-        base = f"{self.root}/{table}" + (f"/study={check_study_name(study)}" if study else "")
+        base = f"{self.root}/{table}" + (f"/study={check_study_name(study)}" if study is not None else "")
         out = []
         for info in self.fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True)):
             if info.type != pafs.FileType.File or info.base_name.startswith((".", "_")):
@@ -246,16 +247,24 @@ class Store:
         for g in range(meta.num_row_groups):
             stats = meta.row_group(g).column(col).statistics
             if stats is not None and stats.has_min_max and (stats.min, stats.max) != (stem, stem):
-                return f"its rows belong to trial {stats.min!r}, not {stem!r} (a renamed copy?)"
+                return f"{STRAY}its rows belong to trial {stats.min!r}, not {stem!r} (a renamed copy?)"
         return None
 
     def valid_files(self, table: str, study: str | None = None, skip_bad: bool = False) -> list[str]:
         """files() less those whose footer shows them corrupt or of another schema: StoreError naming them, or with
         skip_bad each named on stderr and left out."""
         want = schema(table)
-        files = self.files(table, study)
-        return self._without_bad(table, files, {f: why for f in files if (why := self._check_file(table, f, want))},
-                                 skip_bad)
+        kept, bad = [], {}
+        for f in self.files(table, study):
+            why = self._check_file(table, f, want)
+            if why is None:
+                kept.append(f)
+            elif why.startswith(STRAY):  # not a trial's own file: always left out, like a stray name
+                self._warn(f, why[len(STRAY):])
+            else:
+                bad[f] = why
+                kept.append(f)
+        return self._without_bad(table, kept, bad, skip_bad)
 
     def _without_bad(self, table: str, files: list[str], bad: dict[str, str], skip_bad: bool) -> list[str]:
         if bad and not skip_bad:

@@ -119,6 +119,41 @@ def test_driver_killed_mid_study_then_resume_completes_without_rerunning(ray_clu
     assert_rows_once(tmp_path, "tiny", 4)
 
 
+def test_ctrl_c_says_the_study_was_interrupted_and_how_to_resume(ray_cluster, tmp_path):
+    driver = subprocess.Popen([sys.executable, "-m", "study.cli", "run", "tests/specs/tiny.yaml", "--address",
+                               ray_cluster["address"], "--storage", str(tmp_path), "--no-plot"],
+                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not list((tmp_path / "_tune").rglob("checkpoint_*")):  # trials are mid-training
+        assert driver.poll() is None, driver.communicate()[1][-3000:]
+        assert time.time() < deadline
+        time.sleep(0.2)
+    driver.send_signal(signal.SIGINT)
+    out, err = driver.communicate(timeout=300)
+    assert driver.returncode == 130, err[-3000:]
+    assert "interrupted after" in err and f"loopstudy resume tiny --storage {tmp_path}" in err, err[-3000:]
+    assert "finished in" not in err
+    assert len(complete_ids(tmp_path, "tiny")) < 4
+
+
+def test_stopping_a_local_cluster_leaves_other_rays_on_the_machine_running(ray_cluster):
+    sys.path.insert(0, str(REPO / "cluster"))
+    try:
+        import local_cluster as lc
+    finally:
+        sys.path.pop(0)
+    ours = lc.cluster_pids(6391)
+    assert ours
+    lc.start_head(6397, 8297)  # a second cluster: stands in for a user's own Ray beside the tests
+    try:
+        other = lc.cluster_pids(6397)
+        assert other and not set(other) & set(ours)
+    finally:
+        local_cluster("stop", "--port", "6397")
+    assert not [p for p in other if lc.alive(p)]
+    assert all(lc.alive(p) for p in ours)  # the test cluster (another "user") is untouched
+
+
 def node_processes(resource_name: str) -> list[int]:
     """PIDs of the raylet that carries `resource_name` and of the workers attached to it."""
     out = subprocess.run(["ps", "-ww", "-eo", "pid=,args="], capture_output=True, text=True).stdout
@@ -153,6 +188,7 @@ def test_worker_node_killed_mid_study_every_trial_still_completes_once(ray_clust
             os.kill(pid, signal.SIGKILL)
     out, err = driver.communicate(timeout=600)
     assert driver.returncode == 0, err[-3000:]
+    assert "retried 1" in err or "retried 2" in err, err[-3000:]  # the progress line shows Tune's retries
     assert len(complete_ids(tmp_path, "tiny")) == 4
     assert_rows_once(tmp_path, "tiny", 4)
     local_cluster("add-worker", "--name", "w1b", "--port", "6391")  # leave the cluster as we found it

@@ -1,0 +1,339 @@
+"""Bad input is refused up front (exit 2, one line, no traceback, before Ray starts) and no row escapes the store,
+goes stale or is counted twice."""
+
+import os
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from study.config import MAX_DEPTH_LAYERS, ConfigError, load_trial, trial_id
+from study.spec import load_study
+from study.store import SCHEMAS, Store, StoreError
+from study.tasks import DataError, sudoku
+from study.tasks.loader import load_task
+
+from .conftest import REPO
+from .test_store import SAMPLES, write_trial
+
+BASE = "name: bad\ntask: {name: sudoku, size: 4, n_test: 64}\n"
+
+
+def loopstudy(*args, cwd=REPO, timeout=120):
+    return subprocess.run([sys.executable, "-m", "study.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "RAY_ADDRESS": ""})
+
+
+def assert_refused(proc, *needles):
+    """Exit 2, one 'loopstudy:' line on stderr naming what is wrong, no traceback, Ray never started."""
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr and "Started a local Ray" not in proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert lines and lines[-1].startswith(("loopstudy: ", "loopstudy ")), proc.stderr
+    for n in needles:
+        assert n in proc.stderr, (n, proc.stderr)
+
+
+def write(tmp_path: Path, text: str, name: str = "bad.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def csv_rows(size: int, n: int, blanks: tuple[int, int], seed: int) -> list[str]:
+    split = sudoku.generate(size, n, blanks, seed=seed)
+    return [f"gen,{''.join('.' if v == 1 else str(v - 1) for v in inp)},{''.join(str(v - 1) for v in lab)},0"
+            for inp, lab in zip(split.inputs, split.labels)]
+
+
+def write_csv(path: Path, rows: list[str]) -> Path:
+    path.write_text("source,q,a,rating\n" + "\n".join(rows) + "\n")
+    return path
+
+
+# -- spec values refused before any trial ------------------------------------------------------------------------------
+@pytest.mark.parametrize("text,needles", [
+    (BASE + "eval: {n_test: -5}\n", ["eval.n_test=-5", ">= 1"]),
+    (BASE + "eval: {n_test: 0}\n", ["eval.n_test=0"]),
+    (BASE + "eval: {n_test: 65}\n", ["eval.n_test=65", "task.n_test=64"]),
+    (BASE + "eval: {batch_size: 0}\n", ["eval.batch_size=0"]),
+    (BASE + "train: {log_every: 0}\n", ["train.log_every=0"]),
+    (BASE + "model: {H: 2, L: 2}\neval: {depths: [999999996]}\n", ["eval.depths", f"at most {MAX_DEPTH_LAYERS}"]),
+    (BASE + "model: {H: 100000}\n", ["layers per update", f"at most {MAX_DEPTH_LAYERS}"]),
+    (BASE + "eval: {stability: [1, 100000]}\n", ["eval.stability", f"at most {MAX_DEPTH_LAYERS}"]),
+    (BASE + "sweep: {max_failures: -1}\n", ["sweep.max_failures", ">= 0"]),
+    (BASE + "sweep: {max_concurrent: -3}\n", ["sweep.max_concurrent", ">= 0"]),
+    (BASE + "model: {expansion: 0}\n", ["model.expansion=0"]),
+    (BASE + "sweep: {grid: {model.L: []}}\n", ["sweep.grid", "'model.L' has no values"]),
+    (BASE + "sweep: {optuna: {num_samples: 0, space: {train.lr: {type: uniform, low: 0.001, high: 0.01}}}}\n",
+     ["sweep.optuna.num_samples", "at least 1"]),
+    (BASE + "sweep: {asha: {max_t: 0}}\n", ["sweep.asha", "grace_period <= max_t"]),
+    (BASE + "sweep: {asha: {reduction_factor: 1}}\n", ["sweep.asha", "reduction_factor"]),
+    (BASE + "sweep: {variants: [{name: a, model.L: 2}, {name: a, model.L: 3}]}\n", ["sweep.variants", "['a']"]),
+    (BASE + "model: {carry: infiloop}\n", ["model.carry", "dictionary"]),
+    (BASE + "model: {carry: infiloop}\nsweep: {grid: {model.carry.rule: [infiloop]}}\n",
+     ["model.carry is a section", "'infiloop'"]),
+    (BASE + "eval: {L: -1}\n", ["eval.L=-1"]),
+    (BASE + "bogus: 1\n", ["bogus: unknown key", "allowed: name, description, task"]),
+    (BASE + "sweep: {gird: {}}\n", ["sweep.gird: unknown key", "allowed: grid, variants"]),
+    (BASE + "resources: {cpu: 0}\n", ["resources.cpu", "cpu > 0"]),
+    ("name: ../../x\n", ["name: study name '../../x' is not allowed"]),
+    ("name: a%20b\n", ["'a%20b' is not allowed"]),
+    (BASE + "task: {name: sudoku, size: 4, csv: missing.csv}\n", ["task.csv=", "missing.csv", "does not exist"]),
+    (BASE + "task: {name: sudoku, size: 4, csv: .}\n", ["task.csv=", "is a folder"]),
+    (BASE + "task: {name: maze, size: 5, csv: x.csv}\n", ["task.csv is for sudoku", "'maze'"]),
+])
+def test_bad_spec_values_are_refused_naming_file_and_key(tmp_path, text, needles):
+    with pytest.raises(ConfigError) as e:
+        load_study(write(tmp_path, text))
+    msg = str(e.value)
+    assert "bad.yaml" in msg and "\n" not in msg
+    for n in needles:
+        assert n in msg, (n, msg)
+
+
+def test_refusals_end_the_same_clean_way_from_every_command(tmp_path):
+    spec = write(tmp_path, BASE + "eval: {n_test: -5}\n")
+    assert_refused(loopstudy("run", str(spec), "--storage", str(tmp_path / "r")), "eval.n_test=-5")
+    assert_refused(loopstudy("submit", str(spec), "--address", "http://127.0.0.1:1"), "eval.n_test=-5")
+    cfg = write(tmp_path, "task: {name: sudoku, size: 4}\ntrain: {log_every: 0}\n", "cfg.yaml")
+    assert_refused(loopstudy("trial", str(cfg)), "train.log_every=0")
+    (tmp_path / "afile").write_text("x")
+    good = REPO / "tests" / "specs" / "tiny.yaml"
+    assert_refused(loopstudy("run", str(good), "--storage", str(tmp_path / "afile")), "is a file")
+    for args in (("query", "SELECT 1 FROM trials"), ("ls",), ("table", "depth", "--study", "x"), ("status", "x")):
+        store_args = ("--storage",) if args[0] == "status" else ("--store",)
+        assert_refused(loopstudy(*args, *store_args, str(tmp_path / "nowhere")), "no results store at")
+
+
+def test_study_names_cannot_leave_the_store(tmp_path):
+    cfg = write(tmp_path, "task: {name: sudoku, size: 4}\n", "cfg.yaml")
+    proc = loopstudy("trial", str(cfg), "--store", str(tmp_path / "r"), "--study", "../../x")
+    assert proc.returncode == 2 and "study name '../../x' is not allowed" in proc.stderr
+    assert not (tmp_path / "r").exists() and not list(tmp_path.parent.glob("x*"))
+    store = Store(tmp_path / "r")
+    for name in ("../../x", "a/b", "a%20b", ".hidden", "", "a b"):
+        with pytest.raises(ConfigError):
+            store.write("trials", name, "t1", SAMPLES["trials"])
+        with pytest.raises(ConfigError):
+            store.files("trials", name)
+    assert not (tmp_path / "r").exists()
+
+
+# -- task data ---------------------------------------------------------------------------------------------------------
+def test_csv_answers_that_break_the_rules_are_refused_with_file_and_line(tmp_path):
+    rows = csv_rows(4, 3, (6, 8), seed=1)
+    src, q, a, r = rows[1].split(",")
+    for bad_a in ("1" * 16, a[:1] + a[0] + a[2:] if a[0] != a[1] else a[:1] + a[2] + a[2:]):
+        q_ok = "." * 16  # no given, so only the rules can catch it
+        path = write_csv(tmp_path / "bad.csv", [rows[0], f"{src},{q_ok},{bad_a},{r}", rows[2]])
+        with pytest.raises(DataError, match=r"bad.csv:3: a is not a solved 4x4 sudoku"):
+            sudoku.load_csv(path, 4)
+
+
+def test_folder_as_csv_is_a_clean_error_not_a_traceback(tmp_path):
+    with pytest.raises(DataError, match="is a folder"):
+        sudoku.load_csv(tmp_path, 4)
+
+
+def test_bad_csv_content_is_refused_before_any_trial_from_run_and_trial(tmp_path):
+    rows = csv_rows(4, 4, (6, 8), seed=2)
+    src, q, a, r = rows[2].split(",")
+    write_csv(tmp_path / "data.csv", [*rows[:2], f"{src},{'.' * 16},{'1' * 16},{r}", rows[3]])
+    spec = write(tmp_path, "name: csvstudy\ntask: {name: sudoku, size: 4, csv: data.csv, n_test: 1}\n")
+    assert_refused(loopstudy("run", str(spec), "--storage", str(tmp_path / "r")), "data.csv:4", "not a solved")
+    cfg = write(tmp_path, "task: {name: sudoku, size: 4, csv: data.csv, n_test: 1}\n", "cfg.yaml")
+    assert_refused(loopstudy("trial", str(cfg), "--no-store"), "data.csv:4")
+
+
+def test_csv_without_test_csv_holds_out_its_last_puzzles_and_says_so(tmp_path):
+    rows = csv_rows(4, 10, (6, 8), seed=3)
+    cfg = load_trial(write(tmp_path, "task: {name: sudoku, size: 4, csv: d.csv, n_train: 100, n_test: 3}\n",
+                           "c.yaml")) if write_csv(tmp_path / "d.csv", rows) else None
+    task = load_task(cfg.task)
+    assert len(task.train) == 7 and len(task.test) == 3
+    train_q = {t.tobytes() for t in task.train.inputs}
+    assert not any(t.tobytes() in train_q for t in task.test.inputs)  # disjoint
+    assert "held out" in task.source and "d.csv" in task.source
+    with pytest.raises(DataError, match="leaves none to train on"):
+        cfg.task.n_test = 10
+        load_task(cfg.task)
+
+
+def test_relative_csv_is_read_against_the_spec_folder_from_any_working_folder(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    write_csv(data / "d.csv", csv_rows(4, 6, (6, 8), seed=4))
+    spec = write(data, "name: rel\ntask: {name: sudoku, size: 4, csv: d.csv, n_test: 2}\n", "spec.yaml")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    old = os.getcwd()
+    try:
+        os.chdir(elsewhere)
+        study = load_study(spec)
+    finally:
+        os.chdir(old)
+    assert study.trials[0].task.csv == str(data / "d.csv")
+    assert yaml.safe_load(yaml.safe_dump(study.data))["task"]["csv"] == str(data / "d.csv")  # the saved spec too
+
+
+def test_trial_identity_holds_the_csv_contents_not_its_path(tmp_path):
+    rows = csv_rows(4, 6, (6, 8), seed=5)
+    write_csv(tmp_path / "d.csv", rows)
+    cfg_path = write(tmp_path, "task: {name: sudoku, size: 4, csv: d.csv, n_test: 2}\n", "c.yaml")
+    before = trial_id(load_trial(cfg_path))
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    shutil.copy(tmp_path / "d.csv", moved / "d.csv")
+    shutil.copy(cfg_path, moved / "c.yaml")
+    assert trial_id(load_trial(moved / "c.yaml")) == before  # same bytes elsewhere: the same trial
+    write_csv(tmp_path / "d.csv", rows[::-1])
+    os.utime(tmp_path / "d.csv", ns=(1, 1))  # a new mtime, so no cached digest can stand in for the new bytes
+    assert trial_id(load_trial(cfg_path)) != before  # edited data: a new trial, not the old numbers
+
+
+# -- the store: nothing counted twice, nothing stale -------------------------------------------------------------------
+def test_stray_copies_are_named_and_left_out_so_no_trial_counts_twice(tmp_path, capsys):
+    store = Store(tmp_path)
+    store.write("depth_eval", "s", "t1", SAMPLES["depth_eval"])
+    d = tmp_path / "depth_eval" / "study=s"
+    shutil.copy(d / "t1.parquet", d / "t1 (1).parquet")
+    (d / "backup").mkdir()
+    shutil.copy(d / "t1.parquet", d / "backup" / "t1.parquet")
+    shutil.copy(d / "t1.parquet", d / "t2.parquet")  # a renamed copy: its rows say t1
+    (tmp_path / "depth_eval" / "study=a%20b").mkdir()
+    shutil.copy(d / "t1.parquet", tmp_path / "depth_eval" / "study=a%20b" / "t1.parquet")
+    assert store.scan("depth_eval").collect().height == 2  # no --skip-bad needed: strays are never trials
+    assert store.read("depth_eval", "s").num_rows == 2
+    assert store.studies() == ["s"]
+    err = capsys.readouterr().err
+    for name in ("t1 (1).parquet", "backup/t1.parquet", "t2.parquet: its rows belong to trial 't1'",
+                 "study=a%20b/t1.parquet"):
+        assert name in err, (name, err)
+
+
+def test_a_column_of_the_wrong_type_names_the_file_and_skip_bad_skips_it(tmp_path, capsys):
+    store = Store(tmp_path)
+    write_trial(store, "s", "good")
+    sch = SCHEMAS["depth_eval"].set(SCHEMAS["depth_eval"].get_field_index("exact_acc"), pa.field("exact_acc",
+                                                                                                  pa.string()))
+    row = {**SAMPLES["depth_eval"][0], "exact_acc": "high", "trial_id": "wrong", "schema_version": 1}
+    pq.write_table(pa.Table.from_pylist([row], schema=sch), tmp_path / "depth_eval" / "study=s" / "wrong.parquet")
+    with pytest.raises(StoreError, match=r"wrong.parquet: column 'exact_acc' is string.*--skip-bad"):
+        store.scan("depth_eval", "s")
+    assert store.scan("depth_eval", "s", skip_bad=True).collect()["trial_id"].to_list() == ["good", "good"]
+    assert "wrong.parquet" in capsys.readouterr().err
+    from study.analysis.tables import build_table
+
+    with pytest.raises(StoreError, match="wrong.parquet"):
+        build_table(store, "s", "depth")
+    assert build_table(store, "s", "depth", skip_bad=True).height >= 1
+
+
+@pytest.mark.parametrize("table", list(SCHEMAS))
+def test_a_trial_with_a_corrupt_or_missing_file_is_not_complete(tmp_path, table):
+    store = Store(tmp_path)
+    for tid in ("t1", "t2"):
+        write_trial(store, "s", tid)
+    assert store.completed_trials("s") == {"t1", "t2"} and store.is_complete("s", "t1")
+    path = tmp_path / table / "study=s" / "t1.parquet"
+    path.write_bytes(path.read_bytes()[:40])  # truncated mid-write by something other than our atomic writer
+    assert store.completed_trials("s") == {"t2"}
+    assert not store.is_complete("s", "t1") and store.is_complete("s", "t2")
+    path.unlink()
+    assert store.completed_trials("s") == {"t2"} and not store.is_complete("s", "t1")
+
+
+# -- generated: random mutations of the smoke spec ---------------------------------------------------------------------
+FAST = {"task": {"n_train": 64, "n_test": 8}, "train": {"steps": 4, "batch_size": 8, "warmup": 1, "log_every": 2,
+                                                        "checkpoint_every": 0},
+        "eval": {"depths": [12, 24], "stability": [1, 2], "perturb_update": 1, "perturb_updates": 1,
+                 "perturb_n": 4}}
+
+
+def leaves(d, prefix=()):
+    for k, v in d.items():
+        if isinstance(v, dict):
+            yield from leaves(v, (*prefix, k))
+        yield (*prefix, k), v
+
+
+def mutate(spec: dict, rng: random.Random) -> tuple[dict, str]:
+    spec = yaml.safe_load(yaml.safe_dump(spec))
+    path, value = rng.choice(list(leaves(spec)))
+    parent = spec
+    for k in path[:-1]:
+        parent = parent[k]
+    key = path[-1]
+    kind = rng.choice(["drop", "type", "negative", "zero", "empty", "unknown", "huge"])
+    if kind == "drop" and path in (("train",), ("model",)):  # valid, but the defaults train for minutes
+        kind = "unknown"
+    if kind == "drop":
+        del parent[key]
+    elif kind == "type":
+        parent[key] = rng.choice(["lots", [1, 2], {"x": 1}, None, True])
+    elif kind == "negative":
+        parent[key] = -abs(value) if isinstance(value, int | float) and not isinstance(value, bool) else -1
+    elif kind == "zero":
+        parent[key] = 0
+    elif kind == "empty":
+        parent[key] = [] if rng.random() < 0.5 else {}
+    elif kind == "unknown":
+        parent[key + "_typo"] = value
+    else:
+        parent[key] = 10 ** 9
+    return spec, f"{kind} {'.'.join(map(str, path))}"
+
+
+def test_random_mutations_of_the_smoke_spec_are_refused_cleanly_or_run_to_completion(tmp_path):
+    """Each mutation either fails in load_study with a one-line ConfigError naming the file (that is all the CLI
+    does before Ray starts), or every trial it expands to trains and evaluates to completion."""
+    from study.config import build_trial, to_dict
+    from study.spec import Study
+    from study.trial import run_trial
+
+    base = yaml.safe_load((REPO / "search_spaces" / "smoke.yaml").read_text())
+    for section, values in FAST.items():
+        base[section].update(values)
+    base["sweep"]["variants"] = base["sweep"]["variants"][:1] + base["sweep"]["variants"][2:]  # carry_last, fprm
+    rng = random.Random(0)
+    refused = ran = 0
+    for i in range(40):
+        spec, what = mutate(base, rng)
+        path = tmp_path / f"m{i}.yaml"
+        path.write_text(yaml.safe_dump(spec))
+        try:
+            study: Study = load_study(path)
+        except ConfigError as e:
+            msg = str(e)
+            assert msg.startswith(str(path)) and "Traceback" not in msg, (what, msg)
+            refused += 1
+            continue
+        configs = study.trials or [build_trial({**study.spec.base(), "seed": study.spec.sweep.seeds[0]})]
+        for cfg in configs[:1]:  # the variants share every mutated key; one keeps the test fast
+            metrics, _ = run_trial(build_trial(to_dict(cfg)))
+            assert 0.0 <= metrics["final_exact_acc"] <= 1.0, what
+        ran += 1
+    assert refused >= 8 and ran >= 8, (refused, ran)
+
+
+def test_a_refused_mutation_exits_2_from_the_command_line_without_starting_ray(tmp_path):
+    spec = yaml.safe_load((REPO / "search_spaces" / "smoke.yaml").read_text())
+    spec["sweep"]["seeds"] = []
+    path = write(tmp_path, yaml.safe_dump(spec), "m.yaml")
+    assert_refused(loopstudy("run", str(path), "--storage", str(tmp_path / "r")), "sweep.seeds")
+    assert not (tmp_path / "r").exists()
+
+
+def test_polars_reads_the_study_column_the_same_as_pyarrow(tmp_path):
+    store = Store(tmp_path)
+    store.write("depth_eval", "a.b-c_1", "t1", SAMPLES["depth_eval"])
+    assert pl.from_arrow(store.read("depth_eval"))["study"].unique().to_list() == ["a.b-c_1"]
+    assert store.scan("depth_eval").collect()["study"].unique().to_list() == ["a.b-c_1"]
