@@ -180,6 +180,21 @@ def cmd_query(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compact(args: argparse.Namespace) -> int:
+    store = _store(args.store)
+    if args.study not in store.studies():
+        eprint(f"loopstudy: no study {args.study!r} in {store.uri}; studies: {', '.join(store.studies()) or 'none'}")
+        return 2
+
+    def on_table(table: str, files: int, rows: int) -> None:
+        eprint(f"  {table:<13} {files:>7,} trial files merged -> {rows:,} rows in _compacted.parquet")
+
+    out = store.compact(args.study, on_table, grace_s=args.grace)
+    eprint(f"{args.study}: {out['trials']:,} complete trials compacted; {out['files_removed']:,} per-trial files "
+           "removed (trials not yet complete keep theirs)")
+    return 0
+
+
 def cmd_ls(args: argparse.Namespace) -> int:
     from study.analysis.tables import format_table, list_studies
 
@@ -290,6 +305,18 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--format", default="terminal", choices=["terminal", "markdown", "csv", "latex"])
     q.set_defaults(func=cmd_query)
 
+    cp = sub.add_parser("compact", parents=[from_store], help="merge a study's per-trial files, one file per table",
+                        description="Merge the complete trials of STUDY into one _compacted.parquet per table, "
+                                    "atomically, then remove their per-trial files: reading a study of thousands of "
+                                    "trials becomes reading five files. Reads stay correct during and after; a trial "
+                                    "that runs again later writes its own files, which take precedence. Best run "
+                                    "when the study is not running.")
+    cp.add_argument("study", type=study_name)
+    cp.add_argument("--grace", type=float, default=5.0, metavar="S",
+                    help="seconds between the compacted files appearing and the per-trial files going, so reads "
+                         "that listed them just before can finish (default: %(default)s)")
+    cp.set_defaults(func=cmd_compact)
+
     ls = sub.add_parser("ls", parents=[from_store], help="studies in the store, with completeness")
     ls.set_defaults(func=cmd_ls)
     return p
@@ -312,6 +339,10 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except (ConfigError, StoreError, AnalysisError, DataError) as e:
         eprint(f"loopstudy: {e}")
+        return 2
+    except FileNotFoundError as e:  # a compaction removed files this read had listed: never a wrong answer
+        eprint(f"loopstudy: a results file went away while it was being read ({e}); a `loopstudy compact` "
+               "probably ran at the same time: run the command again")
         return 2
     except KeyboardInterrupt:
         eprint("loopstudy: interrupted")

@@ -89,6 +89,9 @@ def test_head_local_storage_with_remote_nodes_is_refused_with_what_to_use(monkey
     check_storage("s3://bucket/results", nodes, shared=False)
     check_storage("/mnt/nfs/results", nodes, shared=True)
     check_storage("/tmp/x", [{"NodeManagerAddress": "10.0.0.1"}], shared=False)
+    with pytest.raises(ConfigError, match=r"task data '/home/me/d.csv' is a file on this machine.*10.0.0.7"):
+        check_storage("s3://bucket/results", nodes, shared=False, data_files=["/home/me/d.csv"])
+    check_storage("s3://bucket/results", nodes, shared=True, data_files=["/mnt/nfs/d.csv"])
 
 
 def test_identical_sweep_points_resolve_to_one_trial(tmp_path):

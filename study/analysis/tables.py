@@ -13,9 +13,11 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 
 import polars as pl
 
+from study.store import TABLES as STORE_TABLES
 from study.store import Store, StoreError
 
 # t_{0.975, df} for df = 1..30; 1.96 beyond
@@ -282,22 +284,19 @@ def format_table(df: pl.DataFrame, fmt: str = "terminal") -> str:
 
 
 def list_studies(store: Store) -> pl.DataFrame:
-    """Studies with trial counts: complete trials, and files per table."""
+    """Studies with their complete trials, trials not complete (some of their files only), and whether they are
+    compacted. From listings alone: no table is read, so it stays fast at thousands of trials."""
     rows = []
     for s in store.studies():
-        t = store.read("trials", s, skip_bad=True)
-        complete = sum(1 for x in t.column("status").to_pylist() if x == "complete") if t.num_rows else 0
-        row = {"study": s, "complete_trials": complete}
-        for name in ("depth_eval", "dynamics", "perturbation", "train_curve"):
-            row[f"{name}_files"] = len(store.files(name, s))
-        rows.append(row)
+        complete = store.completed_trials(s)
+        started = {Path(f).stem for table in STORE_TABLES for f in store.files(table, s)}
+        rows.append({"study": s, "complete_trials": len(complete), "incomplete_trials": len(started - complete),
+                     "compacted": store.is_compacted(s)})
     return pl.DataFrame(rows) if rows else pl.DataFrame({"study": []})
 
 
 def sql(store: Store, query: str, study: str | None = None, skip_bad: bool = False) -> pl.DataFrame:
     """Polars SQL over every table (trials, train_curve, depth_eval, dynamics, perturbation)."""
-    from study.store import TABLES as STORE_TABLES
-
     frames = {t: store.scan(t, study, skip_bad) for t in STORE_TABLES}
     try:
         return pl.SQLContext(frames).execute(query, eager=True)
