@@ -75,7 +75,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         importlib.import_module("study.analysis.figures")
         os.chdir(tempfile.gettempdir())
     out = run_study(study, address=args.address, storage=root, shared_storage=args.shared_storage,
-                    num_cpus=args.num_cpus)
+                    num_cpus=args.num_cpus, compact_at=args.compact_at)
     if out.get("interrupted"):
         return 130
     print_main_table(root, study.name)
@@ -119,20 +119,11 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Expected trials (from the saved spec) against complete ones in storage. No Ray needed."""
-    import tempfile
-
     from study.config import trial_id
-    from study.spec import load_study
+    from study.spec import load_saved_study
 
     store = _store(args.storage)
-    text = store.get_text(f"_studies/{args.study}.yaml")
-    if text is None:
-        eprint(f"loopstudy: no study {args.study!r} in {store.uri}; studies: {', '.join(store.studies()) or 'none'}")
-        return 2
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
-        f.write(text)
-        f.flush()
-        study = load_study(f.name)
+    study = load_saved_study(store, args.study)
     done = store.completed_trials(args.study)
     if study.is_optuna:
         print(f"{args.study}: Optuna search, {len(done)} of {study.spec.sweep.optuna.num_samples} samples complete")
@@ -140,8 +131,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     ids = [trial_id(c) for c in study.trials]
     missing = [i for i in ids if i not in done]
     print(f"{args.study}: {len(ids) - len(missing)}/{len(ids)} trials complete in {store.uri}")
-    for i in missing:
+    for i in missing[:20]:
         print(f"  pending {i}")
+    if len(missing) > 20:
+        print(f"  ... and {len(missing) - 20} more pending")
     return 0
 
 
@@ -218,6 +211,8 @@ def study_name(value: str) -> str:
 
 # -- parser ------------------------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
+    from study.launch import COMPACT_AT  # Ray-free at import
+
     p = argparse.ArgumentParser(
         prog="loopstudy",
         description="Ablation studies of looped-transformer reasoners (InfiLoop, FPRM, TRM) on Ray Tune, "
@@ -253,6 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--num-cpus", type=int, default=None, help="CPUs for the embedded Ray (default: all)")
     r.add_argument("--figures", default=None, help="where figures go (default: <storage>/figures)")
     r.add_argument("--no-plot", action="store_true", help="skip the figures")
+    r.add_argument("--compact-at", type=int, default=COMPACT_AT, metavar="N",
+                   help="after the run, compact the study when it has N or more per-trial files per table, so "
+                        "reading it stays a few files (0: never; default: %(default)s)")
     r.set_defaults(func=cmd_run)
 
     s = sub.add_parser("submit", help="send a study to a cluster as a Ray Job (needs ray[default])",

@@ -10,6 +10,8 @@ accuracy while training and the spec's final metric at the end (OptunaSearch and
 
 from __future__ import annotations
 
+import copy
+import json
 import os
 import sys
 import tempfile
@@ -23,6 +25,7 @@ from study.spec import Study, check_resources
 from study.store import Store
 
 CKPT_FILE = "trainer.pt"
+COMPACT_AT = 500  # per-trial files per table at which a finished run compacts its study (loopstudy run --compact-at)
 EVAL_REPORT_S = 15.0  # a trial reports evaluation progress at most this often
 STATUS_EVERY_S = 30.0  # the driver prints what the running trials are doing at most this often
 
@@ -33,14 +36,14 @@ def eprint(*a) -> None:
 
 # -- the Tune trainable ------------------------------------------------------------------------------------------------
 def trainable(config: dict[str, Any]) -> None:
-    """One Tune trial. config: trial (resolved config dict), searched (Optuna's dotted picks), store, study,
-    metric, threads."""
+    """One Tune trial. config: trial (grid: the resolved config as JSON text; Optuna: the base config dict) with
+    searched (Optuna's dotted picks); store, study, metric, threads."""
     import ray
     from ray import tune
 
     from study.trial import run_trial
 
-    data = config["trial"]
+    data = json.loads(config["trial"]) if isinstance(config["trial"], str) else copy.deepcopy(config["trial"])
     for key, value in config.get("searched", {}).items():
         set_dotted(data, key, value)
     cfg = build_trial(data, f"study {config['study']}")
@@ -254,7 +257,11 @@ def build_tuner(study: Study, root: str, pending: list, threads: int):
         search_alg = OptunaSearch(seed=sweep.seeds[0])
         num_samples = sweep.optuna.num_samples
     else:
-        param_space = {**common, "trial": tune.grid_search([to_dict(c) for c in pending])}
+        # Configs go into the grid as JSON text: Tune deep-copies the whole param space for every variant, and a
+        # string copies for free where a nested dict is walked: dicts cost O(N^2) (51 s of driver time before the
+        # first of 400 trials started). Handing configs over by id through tune.with_parameters was no better: each
+        # trial then fetched all N configs (per-trial time doubled at N = 1,000).
+        param_space = {**common, "trial": tune.grid_search([json.dumps(to_dict(c)) for c in pending])}
     if sweep.asha is not None:
         from ray.tune.schedulers import ASHAScheduler
 
@@ -288,8 +295,10 @@ def save_spec(store: Store, study: Study) -> None:
 
 
 def run_study(study: Study, *, address: str | None = None, storage: str | None = None,
-              shared_storage: bool = False, num_cpus: int | None = None) -> dict[str, Any]:
-    """Run every pending trial of the study; returns counts. Trials complete in storage are not run again."""
+              shared_storage: bool = False, num_cpus: int | None = None,
+              compact_at: int = COMPACT_AT) -> dict[str, Any]:
+    """Run every pending trial of the study; returns counts. Trials complete in storage are not run again. When the
+    study then has compact_at or more per-trial files per table (0: never), they are compacted."""
     root = storage_root(study, storage)
     store = Store(root)
     init_ray(address, num_cpus)
@@ -320,24 +329,29 @@ def run_study(study: Study, *, address: str | None = None, storage: str | None =
                f"continue with: loopstudy resume {study.name} --storage {root}")
         return {"ran": len(grid), "skipped": skipped, "errors": errors, "interrupted": True}
     eprint(f"[{study.name}] finished in {took}: {len(grid) - errors} ok, {errors} failed")
+    maybe_compact(store, study.name, compact_at)
     return {"ran": len(grid), "skipped": skipped, "errors": errors}
+
+
+def maybe_compact(store: Store, name: str, compact_at: int) -> None:
+    """Compact the study once it has compact_at per-trial files per table, so that reading it (the closing table
+    and figures, status, ls) keeps costing a few files however many trials it has."""
+    n = len(store.files("trials", name))
+    if compact_at and n >= compact_at:
+        t0 = time.perf_counter()
+        out = store.compact(name)
+        eprint(f"[{name}] compacted {out['trials']:,} complete trials into one file per table "
+               f"({n:,} per-trial files per table; {time.perf_counter() - t0:.1f}s; --compact-at 0 turns this off)")
 
 
 def resume_study(name: str, *, storage: str, address: str | None = None) -> dict[str, Any]:
     """Tuner.restore the study's experiment: finished trials are not re-run, unfinished ones continue from their
     last checkpoint. When no experiment state was saved yet, run the saved spec again (complete trials skipped)."""
-    from study.spec import load_study
+    from study.spec import load_saved_study
 
     root = storage if "://" in storage else os.path.abspath(storage)
     store = Store(root)
-    text = store.get_text(f"_studies/{name}.yaml")
-    if text is None:
-        known = ", ".join(store.studies()) or "none"
-        raise ConfigError(f"no study named {name!r} was run with storage {root} (studies there: {known})")
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-        f.write(text)
-    study = load_study(f.name)
-    study.source = f"{root}/_studies/{name}.yaml"
+    study = load_saved_study(store, name)
     init_ray(address)
     from ray import tune
 

@@ -248,9 +248,29 @@ def resolve_spec_paths(data: dict[str, Any], base: Path) -> None:
 
 def load_study(path: str | Path, overrides: list[str] | None = None) -> Study:
     """Read and validate a spec; expand grid studies to their trials. Raises ConfigError naming file and key."""
-    source = str(path)
     data = merge(load_yaml(path), parse_overrides(overrides or []))
     resolve_spec_paths(data, Path(path).resolve().parent)
+    return study_from_data(data, str(path))
+
+
+def load_saved_study(store, name: str) -> Study:
+    """The spec a study was run with, as saved beside its results (`<root>/_studies/<name>.yaml`; its data paths
+    are already absolute). ConfigError when the store has no such study."""
+    import yaml
+
+    text = store.get_text(f"_studies/{name}.yaml")
+    if text is None:
+        known = ", ".join(store.studies()) or "none"
+        raise ConfigError(f"no study named {name!r} was run with results in {store.uri} (studies there: {known})")
+    source = f"{store.uri}/_studies/{name}.yaml"
+    data = yaml.safe_load(text)
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level")
+    return study_from_data(data, source)
+
+
+def study_from_data(data: dict[str, Any], source: str) -> Study:
+    """Validate a spec's data (read from `source`) and expand grid studies to their trials."""
     try:
         spec = StudySpec.model_validate(data)
     except ValidationError as e:

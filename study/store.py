@@ -21,6 +21,7 @@ import typing
 import urllib.parse
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -33,7 +34,7 @@ from study.config import STUDY_NAME, TrialConfig, check_study_name
 SCHEMA_VERSION = 1
 COMPACTED = "_compacted.parquet"  # a study's merged trials, per table (`loopstudy compact`)
 STRAY = "stray: "  # marks a _check_file verdict that leaves the file out always (not a trial's own file)
-TRIAL_FILE = re.compile(r"[A-Za-z0-9_-]+\.parquet")  # <trial_id>.parquet: what a trial writes, nothing else
+TRIAL_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*\.parquet")  # <trial_id>.parquet: what a trial writes, nothing else
 
 _KEY = [pa.field("trial_id", pa.string()), pa.field("schema_version", pa.int32())]
 
@@ -120,6 +121,17 @@ def config_row(cfg_dict: dict[str, Any]) -> dict[str, Any]:
     return {k: json.dumps(v) if isinstance(v, list | tuple) else v for k, v in flatten(cfg_dict).items()}
 
 
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """A listed file or folder (the fields of pyarrow's FileInfo that the store uses)."""
+
+    path: str
+    base_name: str
+    size: int | None
+    mtime_ns: int | None
+    is_file: bool
+
+
 class StoreError(Exception):
     """A problem reading or writing the results store; the message says what and where."""
 
@@ -140,6 +152,7 @@ class Store:
         self.uri = root
         self.root = path.rstrip("/")
         self._warned: set[str] = set()
+        self._verdicts: dict[tuple, str | None] = {}
         if self.fs.get_file_info(self.root).type == pafs.FileType.File:
             raise StoreError(f"results store {root} is a file; give a folder (it is created if missing) or "
                              "an object-store URI such as s3://bucket/prefix")
@@ -165,7 +178,8 @@ class Store:
         """Write (or replace) one trial's rows of one table; returns the file path."""
         sch = schema(table)
         if not TRIAL_FILE.fullmatch(f"{trial_id}.parquet"):
-            raise StoreError(f"trial id {trial_id!r} is not allowed: letters, digits, '_' and '-' only")
+            raise StoreError(f"trial id {trial_id!r} is not allowed: letters, digits, '_' and '-', starting with a "
+                             "letter or digit")
         names = set(sch.names)
         unknown = sorted({k for r in rows for k in r} - names - {"study"})
         if unknown:
@@ -211,8 +225,29 @@ class Store:
             self._warned.add(path)
             print(f"loopstudy: left out {path}: {why}", file=sys.stderr)
 
-    def _list(self, table: str, study: str | None) -> tuple[list[pafs.FileInfo], list[pafs.FileInfo]]:
-        """(trial files, compacted files) of the table, one study or all, as FileInfos (path, size, mtime).
+    def _entries(self, base: str, recursive: bool) -> list[Entry]:
+        """What lies under `base` (nothing when it is missing). A local folder is read with os.scandir: at 10,000
+        trial files that is several times faster than pyarrow's FileInfo listing."""
+        if self.local and not recursive:
+            try:
+                it = os.scandir(base)
+            except (FileNotFoundError, NotADirectoryError):
+                return []
+            out = []
+            with it:
+                for e in it:
+                    if e.is_file(follow_symlinks=False):
+                        st = e.stat(follow_symlinks=False)
+                        out.append(Entry(e.path, e.name, st.st_size, st.st_mtime_ns, True))
+                    else:
+                        out.append(Entry(e.path, e.name, None, None, False))
+            return out
+        sel = pafs.FileSelector(base, recursive=recursive, allow_not_found=True)
+        return [Entry(i.path, i.base_name, i.size, i.mtime_ns, i.type == pafs.FileType.File)
+                for i in self.fs.get_file_info(sel)]
+
+    def _list(self, table: str, study: str | None) -> tuple[list[Entry], list[Entry]]:
+        """(trial files, compacted files) of the table, one study or all, with size and mtime.
 
         Only `<table>/study=<name>/<trial_id>.parquet` and `<table>/study=<name>/_compacted.parquet` count. Anything
         else (a stray copy such as `<id> (1).parquet`, a `backup/` folder, a folder whose name breaks the study-name
@@ -222,20 +257,21 @@ class Store:
         schema(table)  # validates the table name
         base = f"{self.root}/{table}" + (f"/study={check_study_name(study)}" if study is not None else "")
         trial, compacted = [], []
-        for info in self.fs.get_file_info(pafs.FileSelector(base, recursive=study is None, allow_not_found=True)):
-            if info.base_name.startswith(".") or (info.type != pafs.FileType.File and study is None):
+        for entry in self._entries(base, recursive=study is None):
+            if entry.base_name.startswith(".") or (not entry.is_file and study is None):
                 continue
-            parts = info.path[len(self.root) + len(table) + 2:].split("/")
-            name = parts[0][len("study="):] if parts[0].startswith("study=") else ""
-            if len(parts) == 2 and STUDY_NAME.fullmatch(name) and ".." not in name and \
-                    info.type == pafs.FileType.File:
-                if parts[1] == COMPACTED:
-                    compacted.append(info)
-                    continue
-                if TRIAL_FILE.fullmatch(parts[1]):
-                    trial.append(info)
-                    continue
-            self._warn(info.path, "not a trial file (<table>/study=<name>/<trial_id>.parquet)")
+            if study is not None:  # listed in the study's own folder: only the file name is in question
+                in_place = entry.is_file
+            else:
+                parts = entry.path[len(base) + 1:].split("/")
+                name = parts[0][len("study="):] if parts[0].startswith("study=") else ""
+                in_place = len(parts) == 2 and bool(STUDY_NAME.fullmatch(name)) and ".." not in name
+            if in_place and entry.base_name == COMPACTED:
+                compacted.append(entry)
+            elif in_place and TRIAL_FILE.fullmatch(entry.base_name):
+                trial.append(entry)
+            else:
+                self._warn(entry.path, "not a trial file (<table>/study=<name>/<trial_id>.parquet)")
         return sorted(trial, key=lambda i: i.path), sorted(compacted, key=lambda i: i.path)
 
     def is_compacted(self, study: str) -> bool:
@@ -247,9 +283,16 @@ class Store:
         return [i.path for i in self._list(table, study)[0]]
 
     # -- checking --------------------------------------------------------------------------------------------------
-    def _check_file(self, table: str, path: str, want: pa.Schema) -> str | None:
+    def _check_file(self, table: str, info: Entry | pafs.FileInfo, want: pa.Schema) -> str | None:
         """Why the file cannot be read as part of `table` (None when it can), from its footer alone: unreadable,
-        a column of the wrong type, or (a trial file) rows of another trial than its name says."""
+        a column of the wrong type, or (a trial file) rows of another trial than its name says. Remembered per
+        file version (size, mtime) for this Store, since one command scans a table many times."""
+        key = (table, info.path, info.size, info.mtime_ns)
+        if key not in self._verdicts:
+            self._verdicts[key] = self._footer_verdict(table, info.path, want)
+        return self._verdicts[key]
+
+    def _footer_verdict(self, table: str, path: str, want: pa.Schema) -> str | None:
         try:
             with self.fs.open_input_file(path) as fh:
                 meta = pq.read_metadata(fh)
@@ -272,7 +315,7 @@ class Store:
                 return f"{STRAY}its rows belong to trial {stats.min!r}, not {stem!r} (a renamed copy?)"
         return None
 
-    def _sound(self, info: pafs.FileInfo) -> bool:
+    def _sound(self, info: Entry | pafs.FileInfo) -> bool:
         """Cheap whole-file check without parsing: a Parquet file ends with its footer and the magic 'PAR1', so a
         truncated or overwritten file fails it. Local files only (a read per object would cost a request each;
         object-store writes are single PUTs, never half a file)."""
@@ -302,7 +345,7 @@ class Store:
         bad = {}
         for kind, infos in (("trial", trial_infos), ("compacted", compacted_infos)):
             for info in infos:
-                why = self._check_file(table, info.path, want)
+                why = self._check_file(table, info, want)
                 if why is None:
                     kept[kind].append(info.path)
                 elif why.startswith(STRAY):
@@ -415,8 +458,7 @@ class Store:
         path = f"{self._dir('trials', study)}/{COMPACTED}"
         for table in TABLES:
             info = self.fs.get_file_info(f"{self._dir(table, study)}/{COMPACTED}")
-            if info.type != pafs.FileType.File or not self._sound(info) or \
-                    self._check_file(table, info.path, schema(table)):
+            if info.type != pafs.FileType.File or not self._sound(info) or self._check_file(table, info, schema(table)):
                 return set()
         lf = pl.scan_parquet(self._polars_path(path), storage_options=self._polars_options()).select("trial_id")
         if trial_id is not None:
@@ -430,18 +472,42 @@ class Store:
         no Parquet is parsed, so 10,000 trials take a fraction of a second."""
         done: set[str] | None = None
         for table in TABLES:
-            ids = {i.base_name[:-len(".parquet")] for i in self._list(table, study)[0] if self._sound(i)}
+            ids = self._sound_trial_ids(table, study)
             done = ids if done is None else done & ids
         return done | self._compacted_ids(study)
+
+    def _sound_trial_ids(self, table: str, study: str) -> set[str]:
+        """Ids of the study's per-trial files in `table` that pass _sound. Locally a fast path for the driver's
+        once-per-run count: names from scandir (no stat), then open, seek to the end (which gives the size) and
+        read the last 4 bytes: about 8 us a file, 10,000 trials x 5 tables in about 0.4 s here."""
+        if not self.local:
+            return {i.base_name[:-len(".parquet")] for i in self._list(table, study)[0] if self._sound(i)}
+        d = self._dir(table, study)
+        try:
+            with os.scandir(d) as it:
+                names = [e.name for e in it if TRIAL_FILE.fullmatch(e.name)]
+        except (FileNotFoundError, NotADirectoryError):
+            return set()
+        out = set()
+        for name in names:
+            try:
+                fd = os.open(f"{d}/{name}", os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                if os.lseek(fd, 0, os.SEEK_END) >= 12 and os.pread(fd, 4, os.lseek(fd, -4, os.SEEK_END)) == b"PAR1":
+                    out.add(name[:-len(".parquet")])
+            finally:
+                os.close(fd)
+        return out
 
     def trial_row(self, study: str, trial_id: str) -> dict[str, Any] | None:
         """One trial's row of the trials table, from its own file (or the compacted file); None when it has none."""
         import polars as pl
 
-        path = f"{self._dir('trials', study)}/{trial_id}.parquet"
-        if self.fs.get_file_info(path).type == pafs.FileType.File and \
-                not self._check_file("trials", path, trials_schema()):
-            with self.fs.open_input_file(path) as fh:
+        info = self.fs.get_file_info(f"{self._dir('trials', study)}/{trial_id}.parquet")
+        if info.type == pafs.FileType.File and not self._check_file("trials", info, trials_schema()):
+            with self.fs.open_input_file(info.path) as fh:
                 rows = pq.read_table(fh).to_pylist()
             return rows[0] if rows else None
         if trial_id not in self._compacted_ids(study, trial_id):
@@ -454,7 +520,7 @@ class Store:
         trials file): the cost does not grow with the number of trial files. Same rule as completed_trials."""
         infos = self.fs.get_file_info([f"{self._dir(t, study)}/{trial_id}.parquet" for t in TABLES])
         if all(i.type == pafs.FileType.File and self._sound(i) for i in infos):
-            return not any(self._check_file(t, i.path, schema(t)) for t, i in zip(TABLES, infos))
+            return not any(self._check_file(t, i, schema(t)) for t, i in zip(TABLES, infos))
         return trial_id in self._compacted_ids(study, trial_id)
 
     # -- compaction ------------------------------------------------------------------------------------------------

@@ -175,8 +175,9 @@ def node_processes(resource_name: str) -> list[int]:
 
 
 def test_worker_node_killed_mid_study_every_trial_still_completes_once(ray_cluster, tmp_path):
+    # --compact-at 2: the finished run also compacts the study, and every row is still there exactly once
     driver = subprocess.Popen([sys.executable, "-m", "study.cli", "run", "tests/specs/tiny.yaml", "--address",
-                               ray_cluster["address"], "--storage", str(tmp_path), "--no-plot"],
+                               ray_cluster["address"], "--storage", str(tmp_path), "--no-plot", "--compact-at", "2"],
                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
     while not list((tmp_path / "_tune").rglob("checkpoint_*")):  # trials are mid-training on both workers
@@ -189,6 +190,8 @@ def test_worker_node_killed_mid_study_every_trial_still_completes_once(ray_clust
     out, err = driver.communicate(timeout=600)
     assert driver.returncode == 0, err[-3000:]
     assert "retried 1" in err or "retried 2" in err, err[-3000:]  # the progress line shows Tune's retries
+    assert "compacted 4 complete trials" in err, err[-3000:]
+    assert Store(tmp_path).is_compacted("tiny") and Store(tmp_path).files("trials", "tiny") == []
     assert len(complete_ids(tmp_path, "tiny")) == 4
     assert_rows_once(tmp_path, "tiny", 4)
     local_cluster("add-worker", "--name", "w1b", "--port", "6391")  # leave the cluster as we found it
