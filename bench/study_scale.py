@@ -183,14 +183,14 @@ def main() -> None:
         from study.analysis.tables import build_table, list_studies
 
         out["compact_s"] = cli_s("compact", "smoke", "--store", str(full), "--grace", "0")
-        out["at_10k_compacted"] = {
+        out["compacted_store"] = {
             "completed_trials_s": timed(lambda: Store(full).completed_trials("smoke")),
             "ls_s": timed(lambda: list_studies(Store(full))),
             "table_depth_s": timed(lambda: build_table(Store(full), "smoke", "depth")),
             "cli_ls_s": cli_s("ls", "--store", str(full)),
             "cli_table_s": cli_s("table", "depth", "--study", "smoke", "--store", str(full)),
         }
-        print(json.dumps(out["at_10k_compacted"]), flush=True)
+        print(json.dumps(out["compacted_store"]), flush=True)
 
         if args.smoke:
             walls = {}
