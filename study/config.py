@@ -41,9 +41,14 @@ class ConfigError(ValueError):
     """A configuration problem, with the file and key in the message."""
 
 
+def is_study_name(name: object) -> bool:
+    """Whether `name` may name a study (see STUDY_NAME)."""
+    return isinstance(name, str) and bool(STUDY_NAME.fullmatch(name)) and ".." not in name
+
+
 def check_study_name(name: str) -> str:
     """The one rule for study names, applied by the spec and by every command that takes one (via Store)."""
-    if not isinstance(name, str) or not STUDY_NAME.fullmatch(name) or ".." in name:
+    if not is_study_name(name):
         raise ConfigError(f"study name {name!r} is not allowed: use 1-100 letters, digits, '_', '.' or '-', "
                           "starting with a letter or digit (no '/', '..', '%', spaces or '=')")
     return name

@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from study.config import STUDY_NAME, TrialConfig, check_study_name
+from study.config import TrialConfig, check_study_name, is_study_name
 
 SCHEMA_VERSION = 1
 COMPACTED = "_compacted.parquet"  # a study's merged trials, per table (`loopstudy compact`)
@@ -216,7 +216,7 @@ class Store:
             for info in self.fs.get_file_info(pafs.FileSelector(base, allow_not_found=True)):
                 name = info.base_name[len("study="):]
                 if info.type == pafs.FileType.Directory and info.base_name.startswith("study=") and \
-                        STUDY_NAME.fullmatch(name) and ".." not in name:
+                        is_study_name(name):
                     found.add(name)
         return sorted(found)
 
@@ -265,7 +265,7 @@ class Store:
             else:
                 parts = entry.path[len(base) + 1:].split("/")
                 name = parts[0][len("study="):] if parts[0].startswith("study=") else ""
-                in_place = len(parts) == 2 and bool(STUDY_NAME.fullmatch(name)) and ".." not in name
+                in_place = len(parts) == 2 and is_study_name(name)
             if in_place and entry.base_name == COMPACTED:
                 compacted.append(entry)
             elif in_place and TRIAL_FILE.fullmatch(entry.base_name):
@@ -539,6 +539,9 @@ class Store:
         import polars as pl
 
         done = self.completed_trials(study)
+        compacted = self._compacted_ids(study)
+        for table in TABLES:  # a trial with a file the footer check refuses (named) stays out, files and all
+            done &= {p.rsplit("/", 1)[-1][:-len(".parquet")] for p in self._sources(table, study, True)[0]} | compacted
         listed = {t: {i.path: (i.size, i.mtime_ns) for i in self._list(t, study)[0]} for t in TABLES}
         merged = {t: [p for p in listed[t] if p.rsplit("/", 1)[-1][:-len(".parquet")] in done] for t in TABLES}
         rows = {}

@@ -126,3 +126,19 @@ def test_compact_command_and_ls(tmp_path):
 
     row = list_studies(store).row(0, named=True)
     assert row == {"study": "s", "complete_trials": 3, "incomplete_trials": 0, "compacted": True}
+
+
+def test_a_trial_with_a_wrong_typed_file_is_not_compacted_and_keeps_its_files(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from study.store import SCHEMAS
+
+    store = Store(tmp_path)
+    study_of(store, 3)
+    sch = SCHEMAS["depth_eval"].set(SCHEMAS["depth_eval"].get_field_index("n"), pa.field("n", pa.string()))
+    row = {**SAMPLES["depth_eval"][0], "n": "ten", "trial_id": "t001", "schema_version": 1}
+    pq.write_table(pa.Table.from_pylist([row], schema=sch), tmp_path / "depth_eval" / "study=s" / "t001.parquet")
+    out = store.compact("s", grace_s=0)
+    assert out["trials"] == 2
+    assert len(store.files("depth_eval", "s")) == 1 and len(store.files("trials", "s")) == 1  # t001's stay
