@@ -30,6 +30,12 @@ RULES = get_args(Rule)
 # The deepest test-time rollout a config may ask for: 4x the papers' 24,960 layers. A typo such as 10**9 layers
 # would otherwise run for weeks before anyone noticed.
 MAX_DEPTH_LAYERS = 100_000
+# Upper bounds on sizes, for the same reason: far above any study here or in the papers (9x9 sudoku, hidden 512,
+# ~65k steps of batch 768, 16 supervision steps), low enough that a typo fails at once instead of running out of
+# memory or time. Keys are "section.field".
+MAX_SIZE = {"task.n_train": 10_000_000, "task.n_test": 1_000_000, "model.hidden": 16_384, "model.heads": 1_024,
+            "model.n_layers": 1_024, "train.steps": 10_000_000, "train.batch_size": 1_000_000, "train.n_sup": 1_024,
+            "eval.batch_size": 1_000_000}
 
 # Study names become folder names (<root>/<table>/study=<name>/) and Hive partition values: letters, digits and
 # '_', '.', '-' only, starting with a letter or digit. No '/' or '..' (a path outside the root), no '%' (pyarrow's
@@ -55,11 +61,15 @@ def check_study_name(name: str) -> str:
 
 
 def check_positive(prefix: str, obj: Any, names: tuple[str, ...], least: int = 1) -> None:
-    """Each named field of obj must be >= least (an int count such as steps or a batch size)."""
+    """Each named field of obj must be >= least (an int count such as steps or a batch size) and, where MAX_SIZE
+    names it, at most its maximum."""
     for name in names:
         v = getattr(obj, name)
         if v is not None and v < least:
             raise ValueError(f"{prefix}.{name}={v} is not allowed; it must be >= {least}")
+        most = MAX_SIZE.get(f"{prefix}.{name}")
+        if v is not None and most is not None and v > most:
+            raise ValueError(f"{prefix}.{name}={v} is not allowed; at most {most:,} (loopstudy's sanity bound)")
 
 
 @pdataclass(config={"extra": "forbid"})

@@ -326,6 +326,9 @@ def check_resources(study: Study, cluster: dict[str, float]) -> None:
     if res.gpu > 0 and cluster.get("GPU", 0) <= 0:
         raise ConfigError(f"{study.source}: resources.gpu={res.gpu} but the cluster has no GPUs; "
                           "allowed here: resources.gpu: 0 (or join a cluster with GPUs via --address)")
+    if res.gpu == 0 and any(c.train.device.startswith("cuda") for c in study.trials):
+        raise ConfigError(f"{study.source}: train.device is 'cuda' but resources.gpu=0, so no trial would get a "
+                          "GPU; set resources.gpu (1, or a fraction such as 0.5 to share one)")
     if res.gpu > 0 and any(c.train.device == "cpu" for c in study.trials):
         raise ConfigError(f"{study.source}: resources.gpu={res.gpu} but train.device is 'cpu'; set "
                           "train.device: cuda")

@@ -89,6 +89,10 @@ def write_csv(path: Path, rows: list[str]) -> Path:
     (BASE + "task: {name: sudoku, size: 4, csv: missing.csv}\n", ["task.csv=", "missing.csv", "does not exist"]),
     (BASE + "task: {name: sudoku, size: 4, csv: .}\n", ["task.csv=", "is a folder"]),
     (BASE + "task: {name: maze, size: 5, csv: x.csv}\n", ["task.csv is for sudoku", "'maze'"]),
+    (BASE + "model: {hidden: 1000000000}\n", ["model.hidden=1000000000", "at most 16,384"]),
+    (BASE + "task: {name: sudoku, size: 4, n_train: 1000000000}\n", ["task.n_train=1000000000", "at most"]),
+    (BASE + "train: {steps: 1000000000}\n", ["train.steps=1000000000", "at most"]),
+    (BASE + "train: {batch_size: 1000000000}\n", ["train.batch_size", "at most"]),
 ])
 def test_bad_spec_values_are_refused_naming_file_and_key(tmp_path, text, needles):
     with pytest.raises(ConfigError) as e:
@@ -97,6 +101,16 @@ def test_bad_spec_values_are_refused_naming_file_and_key(tmp_path, text, needles
     assert "bad.yaml" in msg and "\n" not in msg
     for n in needles:
         assert n in msg, (n, msg)
+
+
+def test_cuda_without_gpus_is_refused_before_any_trial(tmp_path):
+    from study.spec import check_resources
+
+    study = load_study(write(tmp_path, BASE + "train: {device: cuda}\n"))
+    with pytest.raises(ConfigError, match="train.device is 'cuda' but resources.gpu=0"):
+        check_resources(study, {"CPU": 2.0})
+    cfg = write(tmp_path, "task: {name: sudoku, size: 4}\ntrain: {device: cuda}\n", "cfg.yaml")
+    assert_refused(loopstudy("trial", str(cfg), "--no-store"), "no CUDA GPU")
 
 
 def test_refusals_end_the_same_clean_way_from_every_command(tmp_path):
