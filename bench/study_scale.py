@@ -84,7 +84,7 @@ def run_ours(n: int, workdir: Path, optuna: bool = False) -> tuple[float, float]
     path.write_text(yaml.safe_dump(spec))
     root = workdir / f"ours_{'optuna_' if optuna else ''}{n}"
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "study.cli", "run", str(path), "--storage", str(root), "--no-plot",
+    proc = subprocess.run([sys.executable, "-m", "study.cli", "run", str(path), "--store", str(root), "--no-plot",
                            "--num-cpus", "2"], cwd=REPO, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -197,7 +197,7 @@ def main() -> None:
             for label, root in (("empty", work / "empty"), ("full", full)):
                 t0 = time.perf_counter()
                 proc = subprocess.run([sys.executable, "-m", "study.cli", "run", "search_spaces/smoke.yaml",
-                                       "--storage", str(root), "--figures", str(work / f"fig_{label}")],
+                                       "--store", str(root), "--figures", str(work / f"fig_{label}")],
                                       cwd=REPO, capture_output=True, text=True)
                 walls[label] = time.perf_counter() - t0
                 assert proc.returncode == 0, proc.stderr[-3000:]

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 STORE=${STORE:-results/showcase}
 for spec in depth_scaling axis_placement beta_init halting_tau; do
-  loopstudy run "search_spaces/cpu/$spec.yaml" --storage "$STORE" --no-plot
+  loopstudy run "search_spaces/cpu/$spec.yaml" --store "$STORE" --no-plot
 done
 loopstudy table depth --study cpu_depth_scaling --store "$STORE" --paper --wide --format markdown
 loopstudy table halting --study cpu_depth_scaling --store "$STORE" --format markdown
@@ -15,5 +15,5 @@ loopstudy table perturbation --study cpu_depth_scaling --store "$STORE" --format
 loopstudy table placement --study cpu_axis_placement --store "$STORE" --paper --format markdown
 loopstudy table beta --study cpu_beta_init --store "$STORE" --paper --format markdown
 loopstudy table halting --study cpu_halting_tau --store "$STORE" --format markdown
-loopstudy plot all --study cpu_depth_scaling --store "$STORE" --out "$STORE/figures"
-loopstudy plot depth --study cpu_depth_scaling --store "$STORE" --out docs/figures  # the README's figure
+loopstudy plot all --study cpu_depth_scaling --store "$STORE" --figures "$STORE/figures"
+loopstudy plot depth --study cpu_depth_scaling --store "$STORE" --figures docs/figures  # the README's figure

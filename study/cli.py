@@ -68,7 +68,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from study.spec import load_study
 
     study = load_study(args.spec, args.overrides)
-    root = storage_root(study, args.storage)
+    root = storage_root(study, args.store)
     if "working_dir_files" in os.getcwd():
         # Inside a Ray Job: Ray may delete the job's unpacked working dir once the trials sharing it end, pulling
         # the cwd from under this driver. Load what we need now and work from a directory that stays.
@@ -80,7 +80,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 130
     print_main_table(root, study.name)
     figures = args.figures or (f"{root}/figures" if "://" not in root else "results/figures")
-    eprint(f"figures: loopstudy plot all --study {study.name} --store {root} --out {figures}")
+    eprint(f"figures: loopstudy plot all --study {study.name} --store {root} --figures {figures}")
     if not args.no_plot:
         from study.analysis.figures import plot
 
@@ -95,8 +95,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_resume(args: argparse.Namespace) -> int:
     from study.launch import resume_study
 
-    out = resume_study(args.study, storage=args.storage, address=args.address)
-    root = args.storage if "://" in args.storage else os.path.abspath(args.storage)
+    out = resume_study(args.study, storage=args.store, address=args.address)
+    root = args.store if "://" in args.store else os.path.abspath(args.store)
     print_main_table(root, args.study)
     return 1 if out["errors"] else 0
 
@@ -108,7 +108,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     load_study(args.spec, args.overrides)  # fail here, not on the cluster
     repo = Path(__file__).resolve().parents[1]
     extra = [*args.overrides] if args.overrides else []
-    job_id = submit_study(str(args.spec), address=args.address, storage=args.storage, repo=repo,
+    job_id = submit_study(str(args.spec), address=args.address, storage=args.store, repo=repo,
                           extra_args=extra)
     print(job_id)
     eprint(f"submitted {args.spec} as Ray job {job_id}\n"
@@ -122,7 +122,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from study.config import trial_id
     from study.spec import load_saved_study
 
-    store = _store(args.storage)
+    store = _store(args.store)
     study = load_saved_study(store, args.study)
     done = store.completed_trials(args.study)
     if study.is_optuna:
@@ -160,7 +160,7 @@ def cmd_table(args: argparse.Namespace) -> int:
 def cmd_plot(args: argparse.Namespace) -> int:
     from study.analysis.figures import plot
 
-    files = plot(_store(args.store), args.study, args.kind, args.out, skip_bad=args.skip_bad)
+    files = plot(_store(args.store), args.study, args.kind, args.figures, skip_bad=args.skip_bad)
     for f in files:
         print(f)
     return 0
@@ -210,13 +210,31 @@ def study_name(value: str) -> str:
 
 
 # -- parser ------------------------------------------------------------------------------------------------------------
+STORE_HELP = "results root: a path, an NFS path or s3://bucket/prefix"
+
+
+def add_store(sp: argparse.ArgumentParser, default: str | None = DEFAULT_STORE, help: str = STORE_HELP) -> None:
+    """--store, the results root, on every command (--storage is accepted as the same option)."""
+    shown = "the spec's `storage`" if default is None else "%(default)s"
+    sp.add_argument("--store", "--storage", dest="store", default=default, metavar="ROOT",
+                    help=f"{help} (default: {shown}; --storage is the same option)")
+
+
+def add_study(sp: argparse.ArgumentParser, positional: bool = False, **kw) -> None:
+    """--study NAME on every command that takes a study; those that need nothing else take it positionally too."""
+    if positional:
+        sp.add_argument("study_pos", nargs="?", type=study_name, metavar="STUDY", help="the study (or --study)")
+    sp.add_argument("--study", type=study_name, **kw)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from study.launch import COMPACT_AT  # Ray-free at import
 
     p = argparse.ArgumentParser(
         prog="loopstudy",
         description="Ablation studies of looped-transformer reasoners (InfiLoop, FPRM, TRM) on Ray Tune, "
-                    "with results in Parquet and tables/figures from Polars and matplotlib.",
+                    "with results in Parquet and tables/figures from Polars and matplotlib. The same words "
+                    "everywhere: --store ROOT (results root), --study NAME, --figures DIR.",
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -226,27 +244,24 @@ def build_parser() -> argparse.ArgumentParser:
                                    "e.g. model.carry.rule=infiloop train.steps=200.")
     t.add_argument("config", type=Path)
     t.add_argument("overrides", nargs="*", metavar="key=value")
-    t.add_argument("--store", default=DEFAULT_STORE, help="results root: a path or s3://... (default: %(default)s)")
-    t.add_argument("--study", default="adhoc", type=study_name,
-                   help="study name the rows are filed under (default: %(default)s)")
+    add_store(t)
+    add_study(t, default="adhoc", help="study name the rows are filed under (default: %(default)s)")
     t.add_argument("--no-store", action="store_true", help="print the depth table only; write nothing")
     t.set_defaults(func=cmd_trial)
 
-    def ray_opts(sp, storage_help="results root: a path, an NFS path or s3://... (default: the spec's storage)"):
-        sp.add_argument("--address", default=None,
-                        help="join a running Ray cluster: auto or HOST:PORT (default: embedded local Ray)")
-        sp.add_argument("--storage", default=None, help=storage_help)
-
     r = sub.add_parser("run", help="run a study (grid or Optuna) on Ray Tune and print its depth table",
-                       description="Run a study spec on Ray Tune. Trials already complete in storage are skipped. "
+                       description="Run a study spec on Ray Tune. Trials already complete in the store are skipped. "
                                    "Ends with the depth table and the figures.")
     r.add_argument("spec", type=Path)
     r.add_argument("overrides", nargs="*", metavar="key=value", help="override spec keys, e.g. train.steps=50")
-    ray_opts(r)
+    r.add_argument("--address", default=None,
+                   help="join a running Ray cluster: auto or HOST:PORT (default: embedded local Ray)")
+    add_store(r, default=None)
     r.add_argument("--shared-storage", action="store_true",
-                   help="the storage path is mounted on every node (NFS): allow it on a multi-machine cluster")
+                   help="the store (and task data) is mounted on every node (NFS): allow it on a multi-machine "
+                        "cluster")
     r.add_argument("--num-cpus", type=int, default=None, help="CPUs for the embedded Ray (default: all)")
-    r.add_argument("--figures", default=None, help="where figures go (default: <storage>/figures)")
+    r.add_argument("--figures", default=None, metavar="DIR", help="where figures go (default: <store>/figures)")
     r.add_argument("--no-plot", action="store_true", help="skip the figures")
     r.add_argument("--compact-at", type=int, default=COMPACT_AT, metavar="N",
                    help="after the run, compact the study when it has N or more per-trial files per table, so "
@@ -259,29 +274,30 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("spec", type=Path)
     s.add_argument("overrides", nargs="*", metavar="key=value")
     s.add_argument("--address", required=True, help="the cluster's job server, e.g. http://HEAD:8265")
-    s.add_argument("--storage", default=None, help="results root as seen from the cluster (shared path or s3://)")
+    add_store(s, default=None, help="results root as seen from the cluster (a shared path or s3://...)")
     s.set_defaults(func=cmd_submit)
 
-    st = sub.add_parser("status", help="trials complete vs pending for a study (from storage; no Ray)")
-    st.add_argument("study", type=study_name)
-    st.add_argument("--storage", default=DEFAULT_STORE, help="results root (default: %(default)s)")
+    st = sub.add_parser("status", help="trials complete vs pending for a study (from the store; no Ray)")
+    add_study(st, positional=True)
+    add_store(st)
     st.set_defaults(func=cmd_status)
 
     rs = sub.add_parser("resume", help="resume an interrupted study (Tuner.restore); finished trials stay done")
-    rs.add_argument("study", type=study_name)
-    rs.add_argument("--storage", default=DEFAULT_STORE, help="results root (default: %(default)s)")
+    add_study(rs, positional=True)
+    add_store(rs)
     rs.add_argument("--address", default=None, help="join a running Ray cluster (default: embedded local Ray)")
     rs.set_defaults(func=cmd_resume)
 
     from_store = argparse.ArgumentParser(add_help=False)
-    from_store.add_argument("--store", default=DEFAULT_STORE, help="results root (default: %(default)s)")
-    from_store.add_argument("--skip-bad", action="store_true", help="skip corrupt Parquet files (named on stderr)")
+    add_store(from_store)
+    from_store.add_argument("--skip-bad", action="store_true",
+                            help="skip corrupt or wrong-typed Parquet files (named on stderr)")
 
     tb = sub.add_parser("table", parents=[from_store], help="an ablation table from stored Parquet",
                         description="Tables: depth, final, placement, beta, scaling, halting, difficulty, stability, "
                                     "perturbation. Aggregated over seeds (mean, std, n, 95%% CI).")
     tb.add_argument("kind")
-    tb.add_argument("--study", required=True, type=study_name)
+    add_study(tb, required=True)
     tb.add_argument("--format", default="terminal", choices=["terminal", "markdown", "csv", "latex"])
     tb.add_argument("--paper", action="store_true", help="add the published rows, labelled [paper]")
     tb.add_argument("--wide", nargs="?", const="exact_acc", metavar="METRIC",
@@ -291,15 +307,16 @@ def build_parser() -> argparse.ArgumentParser:
     pl_ = sub.add_parser("plot", parents=[from_store], help="figures (PNG and PDF) from stored Parquet",
                          description="Figures: depth, difficulty, gamma, score, eff_layers, perturbation, or all.")
     pl_.add_argument("kind")
-    pl_.add_argument("--study", required=True, type=study_name)
-    pl_.add_argument("--out", default="results/figures", help="output folder (default: %(default)s)")
+    add_study(pl_, required=True)
+    pl_.add_argument("--figures", "--out", dest="figures", default="results/figures", metavar="DIR",
+                     help="output folder (default: %(default)s; --out is the same option)")
     pl_.set_defaults(func=cmd_plot)
 
     q = sub.add_parser("query", parents=[from_store], help="Polars SQL over all tables",
                        description='SQL over the tables trials, train_curve, depth_eval, dynamics, perturbation. '
                                    'Config columns have dotted names: quote them, e.g. "model.carry.rule".')
     q.add_argument("sql")
-    q.add_argument("--study", default=None, type=study_name, help="restrict every table to one study")
+    add_study(q, default=None, help="restrict every table to one study")
     q.add_argument("--format", default="terminal", choices=["terminal", "markdown", "csv", "latex"])
     q.set_defaults(func=cmd_query)
 
@@ -309,7 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "trials becomes reading five files. Reads stay correct during and after; a trial "
                                     "that runs again later writes its own files, which take precedence. Best run "
                                     "when the study is not running.")
-    cp.add_argument("study", type=study_name)
+    add_study(cp, positional=True)
     cp.add_argument("--grace", type=float, default=5.0, metavar="S",
                     help="seconds between the compacted files appearing and the per-trial files going, so reads "
                          "that listed them just before can finish (default: %(default)s)")
@@ -328,6 +345,12 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = [*args.overrides, *rest]
     elif rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if hasattr(args, "study_pos"):  # STUDY or --study, once
+        if args.study_pos and args.study and args.study_pos != args.study:
+            parser.error(f"two studies given: {args.study_pos!r} and --study {args.study!r}")
+        args.study = args.study_pos or args.study
+        if not args.study:
+            parser.error(f"{args.command}: give the study (STUDY or --study NAME)")
     from study.analysis.tables import AnalysisError
     from study.config import ConfigError
     from study.store import StoreError

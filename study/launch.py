@@ -326,7 +326,7 @@ def run_study(study: Study, *, address: str | None = None, storage: str | None =
     if progress.finished < n:  # Tune returns normally after Ctrl-C: do not call that finished
         eprint(f"[{study.name}] interrupted after {took}: {progress.done} trial(s) complete this run, "
                f"{progress.failed} failed, {n - progress.finished} not finished. Complete trials stay in {root}; "
-               f"continue with: loopstudy resume {study.name} --storage {root}")
+               f"continue with: loopstudy resume {study.name} --store {root}")
         return {"ran": len(grid), "skipped": skipped, "errors": errors, "interrupted": True}
     eprint(f"[{study.name}] finished in {took}: {len(grid) - errors} ok, {errors} failed")
     maybe_compact(store, study.name, compact_at)
@@ -383,7 +383,7 @@ def submit_study(spec_path: str, *, address: str, storage: str | None, repo: Pat
         raise ConfigError(f"{spec_path}: the spec must live inside the repository ({repo}) to travel with it")
     cmd = ["python", "-m", "study.cli", "run", rel, "--address", "auto"]
     if storage:
-        cmd += ["--storage", storage]
+        cmd += ["--store", storage]
     cmd += extra_args or []
     client = JobSubmissionClient(address)
     job_id = client.submit_job(

@@ -195,3 +195,19 @@ def test_wide_table_has_a_column_per_setting_with_mean_and_ci(store):
     assert wide.filter(depth_layers=24960)["InfiLoop [paper]"].item() == "0.927"  # a published number: no CI
     with pytest.raises(tables.AnalysisError, match="metrics: cell_acc, exact_acc"):
         tables.widen(tables.build_table(store, "hand", "depth"), "accuracy")
+
+
+def test_one_vocabulary_across_commands_with_the_old_spellings_as_aliases():
+    from study.cli import build_parser
+
+    p = build_parser()
+    for argv in (["run", "s.yaml", "--store", "R"], ["run", "s.yaml", "--storage", "R"], ["submit", "s.yaml",
+                 "--address", "http://x", "--store", "R"], ["status", "x", "--store", "R"],
+                 ["status", "--study", "x", "--storage", "R"], ["resume", "x", "--store", "R"],
+                 ["table", "depth", "--study", "x", "--store", "R"], ["plot", "all", "--study", "x", "--store", "R"],
+                 ["query", "SELECT 1", "--store", "R"], ["compact", "--study", "x", "--store", "R"],
+                 ["ls", "--store", "R"], ["trial", "c.yaml", "--store", "R"]):
+        assert p.parse_args(argv).store == "R", argv
+    for argv in (["plot", "all", "--study", "x", "--figures", "F"], ["plot", "all", "--study", "x", "--out", "F"],
+                 ["run", "s.yaml", "--figures", "F"]):
+        assert p.parse_args(argv).figures == "F", argv

@@ -115,16 +115,15 @@ def test_cuda_without_gpus_is_refused_before_any_trial(tmp_path):
 
 def test_refusals_end_the_same_clean_way_from_every_command(tmp_path):
     spec = write(tmp_path, BASE + "eval: {n_test: -5}\n")
-    assert_refused(loopstudy("run", str(spec), "--storage", str(tmp_path / "r")), "eval.n_test=-5")
+    assert_refused(loopstudy("run", str(spec), "--store", str(tmp_path / "r")), "eval.n_test=-5")
     assert_refused(loopstudy("submit", str(spec), "--address", "http://127.0.0.1:1"), "eval.n_test=-5")
     cfg = write(tmp_path, "task: {name: sudoku, size: 4}\ntrain: {log_every: 0}\n", "cfg.yaml")
     assert_refused(loopstudy("trial", str(cfg)), "train.log_every=0")
     (tmp_path / "afile").write_text("x")
     good = REPO / "tests" / "specs" / "tiny.yaml"
-    assert_refused(loopstudy("run", str(good), "--storage", str(tmp_path / "afile")), "is a file")
+    assert_refused(loopstudy("run", str(good), "--store", str(tmp_path / "afile")), "is a file")
     for args in (("query", "SELECT 1 FROM trials"), ("ls",), ("table", "depth", "--study", "x"), ("status", "x")):
-        store_args = ("--storage",) if args[0] == "status" else ("--store",)
-        assert_refused(loopstudy(*args, *store_args, str(tmp_path / "nowhere")), "no results store at")
+        assert_refused(loopstudy(*args, "--store", str(tmp_path / "nowhere")), "no results store at")
 
 
 def test_study_names_cannot_leave_the_store(tmp_path):
@@ -162,7 +161,7 @@ def test_bad_csv_content_is_refused_before_any_trial_from_run_and_trial(tmp_path
     src, q, a, r = rows[2].split(",")
     write_csv(tmp_path / "data.csv", [*rows[:2], f"{src},{'.' * 16},{'1' * 16},{r}", rows[3]])
     spec = write(tmp_path, "name: csvstudy\ntask: {name: sudoku, size: 4, csv: data.csv, n_test: 1}\n")
-    assert_refused(loopstudy("run", str(spec), "--storage", str(tmp_path / "r")), "data.csv:4", "not a solved")
+    assert_refused(loopstudy("run", str(spec), "--store", str(tmp_path / "r")), "data.csv:4", "not a solved")
     cfg = write(tmp_path, "task: {name: sudoku, size: 4, csv: data.csv, n_test: 1}\n", "cfg.yaml")
     assert_refused(loopstudy("trial", str(cfg), "--no-store"), "data.csv:4")
 
@@ -342,7 +341,7 @@ def test_a_refused_mutation_exits_2_from_the_command_line_without_starting_ray(t
     spec = yaml.safe_load((REPO / "search_spaces" / "smoke.yaml").read_text())
     spec["sweep"]["seeds"] = []
     path = write(tmp_path, yaml.safe_dump(spec), "m.yaml")
-    assert_refused(loopstudy("run", str(path), "--storage", str(tmp_path / "r")), "sweep.seeds")
+    assert_refused(loopstudy("run", str(path), "--store", str(tmp_path / "r")), "sweep.seeds")
     assert not (tmp_path / "r").exists()
 
 

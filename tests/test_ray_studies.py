@@ -43,6 +43,7 @@ def assert_rows_once(root, study, n_trials):
 @pytest.fixture(scope="module")
 def smoke_run(ray_cluster, tmp_path_factory):
     root = tmp_path_factory.mktemp("smoke")
+    # the earlier spellings --storage / --out still work beside --store / --figures
     proc = loopstudy("run", "search_spaces/smoke.yaml", "--address", ray_cluster["address"], "--storage", str(root),
                      "--figures", str(root / "figures"))
     return root, proc
@@ -71,7 +72,7 @@ def test_trials_run_on_both_worker_nodes(smoke_run):
 def test_running_a_finished_study_again_reruns_nothing(smoke_run, ray_cluster):
     root, _ = smoke_run
     before = {p: p.stat().st_mtime_ns for p in (root / "trials").rglob("*.parquet")}
-    proc = loopstudy("run", "search_spaces/smoke.yaml", "--address", ray_cluster["address"], "--storage",
+    proc = loopstudy("run", "search_spaces/smoke.yaml", "--address", ray_cluster["address"], "--store",
                      str(root), "--no-plot")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "3 trial(s) already complete" in proc.stderr and "nothing to run" in proc.stderr
@@ -81,7 +82,7 @@ def test_running_a_finished_study_again_reruns_nothing(smoke_run, ray_cluster):
 def test_submit_runs_a_study_as_a_ray_job(ray_cluster, tmp_path):
     from ray.job_submission import JobStatus, JobSubmissionClient
 
-    proc = loopstudy("submit", "tests/specs/tiny.yaml", "--address", ray_cluster["dashboard"], "--storage",
+    proc = loopstudy("submit", "tests/specs/tiny.yaml", "--address", ray_cluster["dashboard"], "--store",
                      str(tmp_path), "sweep.seeds=[0]")
     assert proc.returncode == 0, proc.stderr[-2000:]
     job_id = proc.stdout.strip().splitlines()[-1]
@@ -97,7 +98,7 @@ def test_submit_runs_a_study_as_a_ray_job(ray_cluster, tmp_path):
 
 def test_driver_killed_mid_study_then_resume_completes_without_rerunning(ray_cluster, tmp_path):
     driver = subprocess.Popen([sys.executable, "-m", "study.cli", "run", "tests/specs/tiny.yaml", "--address",
-                               ray_cluster["address"], "--storage", str(tmp_path), "--no-plot"],
+                               ray_cluster["address"], "--store", str(tmp_path), "--no-plot"],
                               cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 300
     while len(complete_ids(tmp_path, "tiny")) < 1:
@@ -110,7 +111,7 @@ def test_driver_killed_mid_study_then_resume_completes_without_rerunning(ray_clu
     assert 1 <= len(done_before) < 4
     mtimes = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "trials").rglob("*.parquet")}
 
-    proc = loopstudy("resume", "tiny", "--storage", str(tmp_path), "--address", ray_cluster["address"])
+    proc = loopstudy("resume", "tiny", "--store", str(tmp_path), "--address", ray_cluster["address"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert len(complete_ids(tmp_path, "tiny")) == 4
     after = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "trials").rglob("*.parquet")}
@@ -121,7 +122,7 @@ def test_driver_killed_mid_study_then_resume_completes_without_rerunning(ray_clu
 
 def test_ctrl_c_says_the_study_was_interrupted_and_how_to_resume(ray_cluster, tmp_path):
     driver = subprocess.Popen([sys.executable, "-m", "study.cli", "run", "tests/specs/tiny.yaml", "--address",
-                               ray_cluster["address"], "--storage", str(tmp_path), "--no-plot"],
+                               ray_cluster["address"], "--store", str(tmp_path), "--no-plot"],
                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
     while not list((tmp_path / "_tune").rglob("checkpoint_*")):  # trials are mid-training
@@ -131,7 +132,7 @@ def test_ctrl_c_says_the_study_was_interrupted_and_how_to_resume(ray_cluster, tm
     driver.send_signal(signal.SIGINT)
     out, err = driver.communicate(timeout=300)
     assert driver.returncode == 130, err[-3000:]
-    assert "interrupted after" in err and f"loopstudy resume tiny --storage {tmp_path}" in err, err[-3000:]
+    assert "interrupted after" in err and f"loopstudy resume tiny --store {tmp_path}" in err, err[-3000:]
     assert "finished in" not in err
     assert len(complete_ids(tmp_path, "tiny")) < 4
 
@@ -177,7 +178,7 @@ def node_processes(resource_name: str) -> list[int]:
 def test_worker_node_killed_mid_study_every_trial_still_completes_once(ray_cluster, tmp_path):
     # --compact-at 2: the finished run also compacts the study, and every row is still there exactly once
     driver = subprocess.Popen([sys.executable, "-m", "study.cli", "run", "tests/specs/tiny.yaml", "--address",
-                               ray_cluster["address"], "--storage", str(tmp_path), "--no-plot", "--compact-at", "2"],
+                               ray_cluster["address"], "--store", str(tmp_path), "--no-plot", "--compact-at", "2"],
                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
     while not list((tmp_path / "_tune").rglob("checkpoint_*")):  # trials are mid-training on both workers
