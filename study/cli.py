@@ -188,6 +188,16 @@ def cmd_compact(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_importance(args: argparse.Namespace) -> int:
+    from study.analysis.importance import importance
+    from study.analysis.tables import format_table
+
+    df = importance(_store(args.store), args.study, args.metric, args.evaluator, skip_bad=args.skip_bad)
+    eprint(f"{args.study}: importance of each swept knob for {args.metric} ({args.evaluator}, Optuna)")
+    print(format_table(df, args.format))
+    return 0
+
+
 def cmd_ls(args: argparse.Namespace) -> int:
     from study.analysis.tables import format_table, list_studies
 
@@ -331,6 +341,16 @@ def build_parser() -> argparse.ArgumentParser:
                     help="seconds between the compacted files appearing and the per-trial files going, so reads "
                          "that listed them just before can finish (default: %(default)s)")
     cp.set_defaults(func=cmd_compact)
+
+    im = sub.add_parser("importance", parents=[from_store], help="which swept knob matters most (Optuna)",
+                        description="Rank the knobs a study swept by their importance for a metric, with Optuna's "
+                                    "importance evaluators over the stored trials (fANOVA by default).")
+    add_study(im, positional=True)
+    im.add_argument("--metric", default="final_exact_acc",
+                    choices=["final_exact_acc", "best_exact_acc", "final_train_loss"])
+    im.add_argument("--evaluator", default="fanova", choices=["fanova", "ped_anova", "mdi"])
+    im.add_argument("--format", default="terminal", choices=["terminal", "markdown", "csv", "latex"])
+    im.set_defaults(func=cmd_importance)
 
     ls = sub.add_parser("ls", parents=[from_store], help="studies in the store, with completeness")
     ls.set_defaults(func=cmd_ls)
