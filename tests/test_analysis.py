@@ -211,3 +211,25 @@ def test_one_vocabulary_across_commands_with_the_old_spellings_as_aliases():
     for argv in (["plot", "all", "--study", "x", "--figures", "F"], ["plot", "all", "--study", "x", "--out", "F"],
                  ["run", "s.yaml", "--figures", "F"]):
         assert p.parse_args(argv).figures == "F", argv
+
+
+def test_python_api_gives_lazy_frames_with_config_tables_and_figures_without_torch_or_ray(store, tmp_path):
+    code = f"""
+import sys
+import polars as pl
+from study.api import open_results
+res = open_results({store.uri!r})
+depth = res.frame("depth_eval", "hand")
+assert isinstance(depth, pl.LazyFrame)
+got = (depth.filter(pl.col("difficulty").is_null() & (pl.col("depth_layers") == 48))
+       .group_by("model.carry.rule").agg(pl.mean("exact_acc")).sort("model.carry.rule").collect())
+assert got["exact_acc"].round(6).to_list() == [0.5, 0.8], got
+assert res.table("depth", "hand").height == 4
+assert res.studies()["study"].to_list() == ["hand"]
+assert len(res.figures("hand", "depth", {str(tmp_path)!r})) == 2
+assert res.sql("SELECT count(*) AS n FROM trials")["n"][0] == 6
+assert "torch" not in sys.modules and "ray" not in sys.modules
+print("ok")
+"""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]

@@ -1,0 +1,77 @@
+"""The Python API, for notebooks: a results store's tables as lazy Polars frames (with each trial's config joined),
+the ablation tables as DataFrames, figures, SQL and knob importance. Torch-free and Ray-free, like the analysis
+commands it shares its code with.
+
+    from study.api import open_results
+
+    res = open_results("results")                  # a local path, an NFS path or s3://bucket/prefix
+    res.studies()                                  # DataFrame: study, complete / incomplete trials, compacted
+    depth = res.frame("depth_eval", "smoke")       # LazyFrame: depth rows + "model.carry.rule", "seed", ...
+    depth.filter(pl.col("difficulty").is_null()).group_by("model.carry.rule", "depth_layers").agg(pl.mean("exact_acc"))
+    res.table("depth", "smoke", paper=True)        # the `loopstudy table depth` DataFrame
+    res.figures("smoke", out="figures")            # PNG + PDF files, as `loopstudy plot all`
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+
+from study.analysis.figures import plot
+from study.analysis.importance import importance
+from study.analysis.tables import build_table, config_columns, list_studies, sql, widen
+from study.store import TABLES, Store
+
+
+class Results:
+    """One results store. Every method reads Parquet only; nothing needs a GPU, torch or a Ray cluster."""
+
+    def __init__(self, root: str | Path = "results", skip_bad: bool = False):
+        self.store = Store(root).require()
+        self.skip_bad = skip_bad
+
+    def __repr__(self) -> str:
+        return f"Results({self.store.uri!r})"
+
+    def studies(self) -> pl.DataFrame:
+        """The studies in the store: complete and incomplete trials, compacted or not."""
+        return list_studies(self.store)
+
+    def trials(self, study: str | None = None) -> pl.LazyFrame:
+        """The trials table (one row per trial: config as dotted columns, status, timings, summary metrics)."""
+        return self.store.scan("trials", study, self.skip_bad)
+
+    def frame(self, table: str, study: str | None = None, config: bool = True) -> pl.LazyFrame:
+        """A table (train_curve, depth_eval, dynamics, perturbation or trials) as a LazyFrame; with config, each
+        row also carries its trial's config columns ("model.carry.rule", "seed", ...)."""
+        if table not in TABLES:
+            raise ValueError(f"unknown table {table!r}; tables: {', '.join(TABLES)}")
+        lf = self.store.scan(table, study, self.skip_bad)
+        if table == "trials" or not config:
+            return lf
+        trials = self.trials(study)
+        cols = config_columns(pl.DataFrame(schema=trials.collect_schema()))
+        return lf.join(trials.select(["study", "trial_id", *cols]), on=["study", "trial_id"], how="left")
+
+    def table(self, kind: str, study: str, paper: bool = False, wide: str | None = None) -> pl.DataFrame:
+        """An ablation table, as `loopstudy table KIND --study STUDY [--paper] [--wide METRIC]` prints it."""
+        df = build_table(self.store, study, kind, paper=paper, skip_bad=self.skip_bad)
+        return widen(df, wide) if wide else df
+
+    def figures(self, study: str, kind: str = "all", out: str | Path = "results/figures") -> list[Path]:
+        """Write figure `kind` (or all) as PNG and PDF into `out`, as `loopstudy plot`; returns the files."""
+        return plot(self.store, study, kind, out, skip_bad=self.skip_bad)
+
+    def sql(self, query: str, study: str | None = None) -> pl.DataFrame:
+        """Polars SQL over every table, as `loopstudy query`."""
+        return sql(self.store, query, study, self.skip_bad)
+
+    def importance(self, study: str, metric: str = "final_exact_acc", evaluator: str = "fanova") -> pl.DataFrame:
+        """Which swept knob matters most for `metric`, by Optuna's evaluators, as `loopstudy importance`."""
+        return importance(self.store, study, metric, evaluator, self.skip_bad)
+
+
+def open_results(root: str | Path = "results", skip_bad: bool = False) -> Results:
+    """The results store at `root` (StoreError when nothing was ever written there)."""
+    return Results(root, skip_bad)
