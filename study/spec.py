@@ -209,7 +209,7 @@ def _with(base: dict[str, Any], overrides: dict[str, Any], source: str = "<spec>
 
 
 def grid_points(sweep: SweepSpec) -> list[dict[str, Any]]:
-    """Every combination of grid values x variants x seeds, as dotted overrides (with a '_variant' label)."""
+    """Every combination of grid values x variants x seeds, as dotted overrides (a named variant sets `label`)."""
     keys = list(sweep.grid)
     combos = list(itertools.product(*[sweep.grid[k] for k in keys])) if keys else [()]
     variants = sweep.variants or [{}]

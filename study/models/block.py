@@ -43,7 +43,7 @@ def rms_norm(x: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
 
 
 def swiglu_width(hidden: int, expansion: float) -> int:
-    """TRM's SwiGLU width: 2/3 of expansion * hidden, rounded up to a multiple of 256 (64 at small sizes)."""
+    """TRM's SwiGLU width: 2/3 of expansion * hidden, rounded up to a multiple of 256 (of 16 below hidden 256)."""
     raw = round(expansion * hidden * 2 / 3)
     mult = 256 if hidden >= 256 else 16
     return mult * math.ceil(raw / mult)
