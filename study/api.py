@@ -20,6 +20,7 @@ import polars as pl
 
 from study.analysis.figures import plot
 from study.analysis.importance import importance
+from study.analysis.report import report
 from study.analysis.tables import build_table, config_columns, list_studies, sql, widen
 from study.store import TABLES, Store
 
@@ -62,6 +63,10 @@ class Results:
     def figures(self, study: str, kind: str = "all", out: str | Path = "results/figures") -> list[Path]:
         """Write figure `kind` (or all) as PNG and PDF into `out`, as `loopstudy plot`; returns the files."""
         return plot(self.store, study, kind, out, skip_bad=self.skip_bad)
+
+    def report(self, study: str, out: str | Path | None = None) -> Path:
+        """One self-contained HTML page of the study, as `loopstudy report`; returns its path."""
+        return report(self.store, study, out, self.skip_bad)
 
     def sql(self, query: str, study: str | None = None) -> pl.DataFrame:
         """Polars SQL over every table, as `loopstudy query`."""

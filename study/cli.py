@@ -198,6 +198,15 @@ def cmd_importance(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from study.analysis.report import report
+
+    path = report(_store(args.store), args.study, args.out or f"{args.study}_report.html", skip_bad=args.skip_bad)
+    print(path)
+    eprint(f"report written to {path.resolve()} (one self-contained HTML file)")
+    return 0
+
+
 def cmd_ls(args: argparse.Namespace) -> int:
     from study.analysis.tables import format_table, list_studies
 
@@ -351,6 +360,13 @@ def build_parser() -> argparse.ArgumentParser:
     im.add_argument("--evaluator", default="fanova", choices=["fanova", "ped_anova", "mdi"])
     im.add_argument("--format", default="terminal", choices=["terminal", "markdown", "csv", "latex"])
     im.set_defaults(func=cmd_importance)
+
+    rp = sub.add_parser("report", parents=[from_store], help="one self-contained HTML page of a study",
+                        description="Every table (with the papers' rows), every figure (inlined), the spec and each "
+                                    "trial's config, in one HTML file made from the stored Parquet alone.")
+    add_study(rp, positional=True)
+    rp.add_argument("--out", default=None, metavar="FILE", help="the HTML file (default: STUDY_report.html)")
+    rp.set_defaults(func=cmd_report)
 
     ls = sub.add_parser("ls", parents=[from_store], help="studies in the store, with completeness")
     ls.set_defaults(func=cmd_ls)

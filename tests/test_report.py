@@ -1,0 +1,53 @@
+"""`loopstudy report`: one self-contained HTML page, checked by rendering it in headless Chromium (Debian's package,
+installed by tests/browser.sh) and reading both the DOM and the screenshot."""
+
+import shutil
+import subprocess
+
+import matplotlib.image as mpimg
+import numpy as np
+import pytest
+
+from study.analysis.report import report
+
+from .test_analysis import store  # noqa: F401 - the hand-made study (two rules x three seeds)
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def chromium(*args, timeout=120):
+    return subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                           "--allow-file-access-from-files", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def page(store, tmp_path_factory):  # noqa: F811
+    store.put_text("_studies/hand.yaml", "name: hand\nsweep: {grid: {model.carry.rule: [carry_last, infiloop]}}\n")
+    return report(store, "hand", tmp_path_factory.mktemp("report") / "hand.html")
+
+
+def test_report_is_one_self_contained_file_with_tables_figures_spec_and_configs(page):
+    text = page.read_text()
+    for needle in ('id="table-depth"', 'id="table-stability"', 'id="figure-depth"', "data:image/png;base64,",
+                   "model.carry.rule: [carry_last, infiloop]", 'id="trials"', 'id="config-car0"', 'class="paper"'):
+        assert needle in text, needle
+    assert "<script" not in text and "http://" not in text and "https://" not in text  # nothing fetched
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Chromium not installed (tests/browser.sh installs Debian's package)")
+def test_report_renders_in_headless_chromium_with_its_tables_and_figures(page, tmp_path):
+    dom = chromium("--dump-dom", page.as_uri())
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    html = dom.stdout
+    assert html.count("<table") >= 5 and html.count("<img") >= 3
+    assert "Study hand" in html and "infiloop" in html
+    shot = tmp_path / "shot.png"
+    proc = chromium(f"--screenshot={shot}", "--window-size=1200,2400", page.as_uri())
+    assert proc.returncode == 0 and shot.exists(), proc.stderr[-2000:]
+    pixels = mpimg.imread(shot)[..., :3]
+    assert pixels.shape[:2] == (2400, 1200)
+    ink = (pixels.mean(-1) < 0.6).mean()  # share of dark pixels: text, table rules, plotted lines
+    assert 0.005 < ink < 0.5, ink
+    colours = np.unique((pixels.reshape(-1, 3) * 255).astype(np.uint8), axis=0)
+    assert len(colours) > 50  # figures drew in colour, not a blank or error page
