@@ -96,7 +96,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from study.launch import resume_study
 
     out = resume_study(args.study, storage=args.store, address=args.address)
-    root = args.store if "://" in args.store else os.path.abspath(args.store)
+    from study.store import resolve_root
+
+    root = resolve_root(args.store)
     print_main_table(root, args.study)
     return 1 if out["errors"] else 0
 

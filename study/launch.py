@@ -1,100 +1,34 @@
 """Running a study on Ray Tune: embedded local Ray by default, or a running cluster via --address.
 
 Grid studies: the spec expands to resolved trial configs; those already complete in storage are skipped, the rest
-go to Tune as one grid_search over whole configs. Optuna studies: OptunaSearch samples the dotted keys of its
-space on top of the base config. Each trial (trainable below) runs study.trial.run_trial, writes its own rows to
-the store, checkpoints through Tune every train.checkpoint_every batches and resumes from the last checkpoint when
-its node died (FailureConfig). Reports to Tune carry only a few numbers; `objective` is the training batch's exact
-accuracy while training and the spec's final metric at the end (OptunaSearch and ASHA need it in every report).
+go to Tune as one grid_search over the configs (as JSON text). Optuna studies: OptunaSearch samples the dotted keys
+of its space on top of the base config. Each trial is study.trainable.trainable: it runs study.trial.run_trial,
+writes its own rows to the store, checkpoints through Tune every train.checkpoint_every batches and resumes from
+the last checkpoint when its node died (FailureConfig). This module also checks the cluster and storage, prints
+progress, resumes a dead driver's study (Tuner.restore) and submits studies as Ray Jobs.
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from study.config import ConfigError, build_trial, set_dotted, to_dict, trial_id
+from study.config import ConfigError, build_trial, to_dict, trial_id
 from study.spec import Study, check_resources
-from study.store import Store
+from study.store import Store, resolve_root
+from study.trainable import trainable
 
-CKPT_FILE = "trainer.pt"
 COMPACT_AT = 500  # per-trial files per table at which a finished run compacts its study (loopstudy run --compact-at)
-EVAL_REPORT_S = 15.0  # a trial reports evaluation progress at most this often
 STATUS_EVERY_S = 30.0  # the driver prints what the running trials are doing at most this often
 
 
 def eprint(*a) -> None:
     print(*a, file=sys.stderr, flush=True)
-
-
-# -- the Tune trainable ------------------------------------------------------------------------------------------------
-def trainable(config: dict[str, Any]) -> None:
-    """One Tune trial. config: trial (grid: the resolved config as JSON text; Optuna: the base config dict) with
-    searched (Optuna's dotted picks); store, study, metric, threads."""
-    import ray
-    from ray import tune
-
-    from study.trial import run_trial
-
-    data = json.loads(config["trial"]) if isinstance(config["trial"], str) else copy.deepcopy(config["trial"])
-    for key, value in config.get("searched", {}).items():
-        set_dotted(data, key, value)
-    cfg = build_trial(data, f"study {config['study']}")
-    if not cfg.train.threads:
-        cfg.train.threads = config.get("threads", 1)
-    tid = trial_id(cfg)
-    store = Store(config["store"])
-    study_name, metric = config["study"], config["metric"]
-    node = ray.get_runtime_context().get_node_id()
-
-    if store.is_complete(study_name, tid):  # e.g. two Optuna samples that resolve to the same config
-        row = store.trial_row(study_name, tid)
-        tune.report({"trial_id": tid, "objective": row.get(metric) or 0.0, "skipped": 1, "node": node,
-                     **{k: row[k] for k in ("final_exact_acc", "best_exact_acc") if row.get(k) is not None}})
-        return
-
-    last = {"train_exact_acc": 0.0, "train_loss": float("nan"), "step": 0}
-    # phase/progress let the driver show what each running trial is doing (an evaluation can take many minutes)
-    steps = max(1, cfg.train.steps)
-
-    def report(objective: float, checkpoint=None, **extra) -> None:
-        tune.report({"trial_id": tid, "objective": objective, "node": node, **last, **extra}, checkpoint=checkpoint)
-
-    def on_log(log) -> None:
-        last.update(train_exact_acc=log.exact_acc, train_loss=log.loss, step=log.step)
-        report(log.exact_acc, phase="train", progress=log.step / steps)
-
-    next_eval_report = [time.monotonic() + EVAL_REPORT_S]
-
-    def on_eval_progress(done: int, total: int) -> None:
-        if time.monotonic() >= next_eval_report[0]:
-            next_eval_report[0] = time.monotonic() + EVAL_REPORT_S
-            report(last["train_exact_acc"], phase="eval", progress=done / total)
-
-    def checkpoint(trainer) -> None:
-        with tempfile.TemporaryDirectory() as d:
-            trainer.save(Path(d) / CKPT_FILE)
-            report(last["train_exact_acc"], checkpoint=tune.Checkpoint.from_directory(d))
-
-    def resume(trainer) -> None:
-        ckpt = tune.get_checkpoint()
-        if ckpt is not None:
-            with ckpt.as_directory() as d:
-                trainer.load(Path(d) / CKPT_FILE)
-
-    # No evaluation reports under ASHA: each is a training_iteration to its rungs, and a trial stopped
-    # mid-evaluation would lose all its results.
-    eval_progress = on_eval_progress if config.get("eval_reports", True) else None
-    metrics, _ = run_trial(cfg, study_name=study_name, store=store, on_log=on_log, checkpoint=checkpoint,
-                           resume=resume, on_eval_progress=eval_progress, node=node)
-    report(metrics[metric], **metrics)
 
 
 # -- cluster and storage checks ----------------------------------------------------------------------------------------
@@ -160,8 +94,8 @@ def data_files(study: Study) -> list[str]:
 
 
 def storage_root(study: Study, override: str | None) -> str:
-    root = override or study.spec.storage
-    return root if "://" in root else os.path.abspath(root)
+    """The results root for a run: --store if given, else the spec's `storage`."""
+    return resolve_root(override or study.spec.storage)
 
 
 def tune_dir(root: str) -> str:
@@ -349,7 +283,7 @@ def resume_study(name: str, *, storage: str, address: str | None = None) -> dict
     last checkpoint. When no experiment state was saved yet, run the saved spec again (complete trials skipped)."""
     from study.spec import load_saved_study
 
-    root = storage if "://" in storage else os.path.abspath(storage)
+    root = resolve_root(storage)
     store = Store(root)
     study = load_saved_study(store, name)
     init_ray(address)

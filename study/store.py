@@ -132,6 +132,13 @@ class Entry:
     is_file: bool
 
 
+def resolve_root(root: str | os.PathLike) -> str:
+    """A results root as every command and trial sees it: an object-store URI as given, a path made absolute
+    (trials run in other working folders)."""
+    root = str(root)
+    return root if "://" in root else os.path.abspath(root)
+
+
 class StoreError(Exception):
     """A problem reading or writing the results store; the message says what and where."""
 

@@ -1,0 +1,103 @@
+"""The Ray Tune trainable: one trial of a study, run by study.trial.run_trial, talking to Tune through one object.
+
+Grid studies hand each trial its resolved config as JSON text; Optuna studies hand the base config plus the
+searcher's dotted picks. The trial checks its own files first (O(1): a trial complete in storage reports and
+ends), writes its rows to the store itself, and sends Tune only a few numbers: `objective` is the training
+batch's exact accuracy while training and the spec's final metric at the end (OptunaSearch and ASHA need it in
+every report); `phase` and `progress` feed the driver's status lines.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from study.config import TrialConfig, build_trial, set_dotted, trial_id
+from study.store import Store
+
+CKPT_FILE = "trainer.pt"
+EVAL_REPORT_S = 15.0  # a trial reports evaluation progress at most this often
+
+
+class TuneSession:
+    """Everything one trial says to Tune: training logs, evaluation progress, checkpoints and the last report;
+    and resuming from Tune's checkpoint after a lost node."""
+
+    def __init__(self, tid: str, node: str, steps: int, eval_reports: bool = True):
+        self.tid, self.node, self.steps = tid, node, max(1, steps)
+        self.last = {"train_exact_acc": 0.0, "train_loss": float("nan"), "step": 0}
+        self.next_eval_report = time.monotonic() + EVAL_REPORT_S
+        # No evaluation reports under ASHA: each is a training_iteration to its rungs, and a trial stopped
+        # mid-evaluation would lose all its results.
+        self.eval_reports = eval_reports
+
+    def report(self, objective: float, checkpoint=None, **extra) -> None:
+        from ray import tune
+
+        tune.report({"trial_id": self.tid, "objective": objective, "node": self.node, **self.last, **extra},
+                    checkpoint=checkpoint)
+
+    def on_log(self, log) -> None:
+        self.last.update(train_exact_acc=log.exact_acc, train_loss=log.loss, step=log.step)
+        self.report(log.exact_acc, phase="train", progress=log.step / self.steps)
+
+    def on_eval_progress(self, done: int, total: int) -> None:
+        if time.monotonic() >= self.next_eval_report:
+            self.next_eval_report = time.monotonic() + EVAL_REPORT_S
+            self.report(self.last["train_exact_acc"], phase="eval", progress=done / total)
+
+    def checkpoint(self, trainer) -> None:
+        from ray import tune
+
+        with tempfile.TemporaryDirectory() as d:
+            trainer.save(Path(d) / CKPT_FILE)
+            self.report(self.last["train_exact_acc"], checkpoint=tune.Checkpoint.from_directory(d))
+
+    def resume(self, trainer) -> None:
+        from ray import tune
+
+        ckpt = tune.get_checkpoint()
+        if ckpt is not None:
+            with ckpt.as_directory() as d:
+                trainer.load(Path(d) / CKPT_FILE)
+
+    def callbacks(self) -> dict[str, Any]:
+        """run_trial's keyword callbacks."""
+        return {"on_log": self.on_log, "checkpoint": self.checkpoint, "resume": self.resume,
+                "on_eval_progress": self.on_eval_progress if self.eval_reports else None}
+
+
+def trial_config(config: dict[str, Any]) -> TrialConfig:
+    """The trial's resolved config from Tune's: JSON text (grid) or the base dict plus Optuna's dotted picks."""
+    data = json.loads(config["trial"]) if isinstance(config["trial"], str) else copy.deepcopy(config["trial"])
+    for key, value in config.get("searched", {}).items():
+        set_dotted(data, key, value)
+    cfg = build_trial(data, f"study {config['study']}")
+    if not cfg.train.threads:
+        cfg.train.threads = config.get("threads", 1)
+    return cfg
+
+
+def trainable(config: dict[str, Any]) -> None:
+    """One Tune trial. config: trial (and searched), store, study, metric, threads, eval_reports."""
+    import ray
+
+    from study.trial import run_trial
+
+    cfg = trial_config(config)
+    tid = trial_id(cfg)
+    store = Store(config["store"])
+    study_name, metric = config["study"], config["metric"]
+    session = TuneSession(tid, ray.get_runtime_context().get_node_id(), cfg.train.steps,
+                          config.get("eval_reports", True))
+    if store.is_complete(study_name, tid):  # e.g. two Optuna samples that resolve to the same config
+        row = store.trial_row(study_name, tid)
+        session.report(row.get(metric) or 0.0, skipped=1,
+                       **{k: row[k] for k in ("final_exact_acc", "best_exact_acc") if row.get(k) is not None})
+        return
+    metrics, _ = run_trial(cfg, study_name=study_name, store=store, node=session.node, **session.callbacks())
+    session.report(metrics[metric], **metrics)
