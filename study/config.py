@@ -21,8 +21,9 @@ import yaml
 from pydantic import TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass as pdataclass
 
-from study.tasks import maze, sudoku
+from study.tasks import TASKS
 
+TaskName = Literal[tuple(TASKS)]  # every module in study/tasks/ with a TASK
 Rule = Literal["carry_last", "infiloop", "full_attnres", "damped"]
 Placement = Literal["none", "inner", "outer", "both"]
 RULES = get_args(Rule)
@@ -209,7 +210,7 @@ class TaskConfig:
     with csv and no test_csv the last n_test of the first n_train + n_test puzzles of csv are held out as the test
     set. data_seed fixes the data for every trial seed (the trial seed drives init and order)."""
 
-    name: Literal["sudoku", "maze", "state_tracking"] = "sudoku"
+    name: TaskName = "sudoku"
     size: int = 4
     blanks: tuple[int, int] = (8, 10)
     test_blanks: tuple[int, int] | None = None
@@ -226,23 +227,7 @@ class TaskConfig:
     cache_dir: str | None = None
 
     def __post_init__(self):
-        if self.name == "sudoku":
-            if self.size not in sudoku.BOXES:
-                raise ValueError(f"task.size={self.size} is not allowed for sudoku; use one of "
-                                 f"{sorted(sudoku.BOXES)}")
-            for rng in (self.blanks, self.test_blanks or self.blanks):
-                if rng[0] > rng[1]:
-                    raise ValueError(f"task.blanks={list(rng)} is not allowed; min must not exceed max")
-                for b in rng:
-                    sudoku.check_blanks(self.size, b)
-        elif self.name == "maze":
-            if self.size < 5:
-                raise ValueError(f"task.size={self.size} is not allowed for maze; it must be >= 5")
-            if not 2 <= self.min_path <= maze.max_path(self.size):
-                raise ValueError(f"task.min_path={self.min_path} cannot be reached on a {self.size}x{self.size} "
-                                 f"maze; allowed: 2..{maze.max_path(self.size)}")
-        elif self.length < 1:
-            raise ValueError(f"task.length={self.length} is not allowed; it must be >= 1")
+        TASKS[self.name].check(self)
         check_positive("task", self, ("n_train", "n_test"))
         if not 0 <= self.loop_frac <= 1:
             raise ValueError(f"task.loop_frac={self.loop_frac} is not allowed; it must lie in [0, 1]")
@@ -250,9 +235,10 @@ class TaskConfig:
             path = getattr(self, key)
             if path is None:
                 continue
-            if self.name != "sudoku":
-                raise ValueError(f"task.{key} is for sudoku (Sudoku-Extreme's CSV format); task.name is "
-                                 f"{self.name!r}")
+            if not TASKS[self.name].reads_csv:
+                readers = [t for t, d in TASKS.items() if d.reads_csv]
+                raise ValueError(f"task.{key} is for {', '.join(readers)} (Sudoku-Extreme's CSV format); task.name "
+                                 f"is {self.name!r}")
             if not os.path.isfile(path):
                 what = "is a folder, not a file" if os.path.isdir(path) else "does not exist"
                 raise ValueError(f"task.{key}={path!r} {what}")

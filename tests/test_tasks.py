@@ -157,3 +157,18 @@ def test_sudoku_generator_bench_size_is_reachable():
     # 54 blanks on 9x9 (the benchmark's setting) is within the generator's allowed range
     sudoku.check_blanks(9, 54)
     assert list(itertools.islice(sudoku.BOXES, 3)) == [4, 6, 9]
+
+
+def test_tasks_register_themselves_and_the_config_takes_exactly_those_names():
+    import typing
+
+    from study.config import TaskName
+    from study.tasks import TASKS
+
+    assert set(TASKS) == {"sudoku", "maze", "state_tracking"}
+    assert set(typing.get_args(TaskName)) == set(TASKS)
+    for name, task in TASKS.items():
+        cfg = TaskConfig(name=name, size=5 if name == "maze" else 4, min_path=4, n_train=4, n_test=2, length=4,
+                         blanks=(6, 8))
+        split = task.generate(cfg, "train", 3, 0)
+        assert len(split) == 3 and split.inputs.shape[1] == task.spec(cfg).seq_len

@@ -1,5 +1,23 @@
-"""Tasks (methods.md section 8): sudoku, maze, state tracking. `study.tasks.loader.load_task` builds one."""
+"""Tasks (methods.md section 8), one module each, found by their module-level `TASK` (a TaskDef): sudoku, maze,
+state tracking. Adding a task is adding a module here. `study.tasks.loader.load_task` builds one."""
 
-from study.tasks.base import IGNORE, DataError, Split, TaskSpec, accuracies
+import importlib
+import pkgutil
 
-__all__ = ["IGNORE", "DataError", "Split", "TaskSpec", "accuracies"]
+from study.tasks.base import IGNORE, DataError, Split, TaskDef, TaskSpec, accuracies
+
+
+def _discover() -> dict[str, TaskDef]:
+    found = {}
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if info.name in ("base", "loader"):
+            continue
+        task = getattr(importlib.import_module(f"{__name__}.{info.name}"), "TASK", None)
+        if isinstance(task, TaskDef):
+            found[task.name] = task
+    return found
+
+
+TASKS: dict[str, TaskDef] = _discover()
+
+__all__ = ["IGNORE", "TASKS", "DataError", "Split", "TaskDef", "TaskSpec", "accuracies"]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -45,3 +47,24 @@ def accuracies(pred: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.nda
     right = (pred == labels) & scored
     n_scored = np.maximum(scored.sum(1), 1)
     return (right.sum(1) == scored.sum(1)), right.sum(1) / n_scored
+
+
+@dataclass(frozen=True)
+class TaskDef:
+    """What a task module registers (as a module-level `TASK`): adding a task is one new module in study/tasks/.
+
+    cfg is the trial's TaskConfig. check(cfg) raises ValueError naming `task.<key>` for settings the task cannot
+    take; generate(cfg, which, n, seed) makes the 'train' or 'test' split; augment(split, cfg, rng) is the training
+    augmentation (None: none); reads_csv: task.csv / task.test_csv apply (load_csv(path, cfg, limit) reads them).
+    """
+
+    name: str
+    spec: Callable[[Any], TaskSpec]
+    generate: Callable[[Any, str, int, int], Split]
+    check: Callable[[Any], None] = lambda cfg: None
+    augment: Callable[[Split, Any, np.random.Generator], Split] | None = None
+    load_csv: Callable[[str, Any, int | None], Split] | None = None
+
+    @property
+    def reads_csv(self) -> bool:
+        return self.load_csv is not None

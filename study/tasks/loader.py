@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from study.config import TaskConfig
-from study.tasks import maze, state_tracking, sudoku
+from study.tasks import TASKS
 from study.tasks.base import DataError, Split, TaskSpec
 
 
@@ -30,10 +30,9 @@ class Task:
     source: str = "generated"  # where the splits came from, in words (printed when a trial starts)
 
     def augment(self, batch: Split, rng: np.random.Generator) -> Split:
-        """Training augmentation (sudoku symmetries); identity for the other tasks."""
-        if self.cfg.name == "sudoku" and self.cfg.augment:
-            return sudoku.augment(batch, self.cfg.size, rng)
-        return batch
+        """The task's training augmentation (sudoku symmetries); identity for tasks without one."""
+        aug = TASKS[self.cfg.name].augment
+        return aug(batch, self.cfg, rng) if aug else batch
 
 
 def default_cache_dir() -> Path:
@@ -66,31 +65,19 @@ def cached(key: dict, make, cache_dir: Path) -> Split:
 def generate_split(cfg: TaskConfig, which: str) -> Split:
     n = cfg.n_train if which == "train" else cfg.n_test
     seed = cfg.data_seed * 2 + (0 if which == "train" else 1)  # train and test never share a puzzle stream
-    if cfg.name == "sudoku":
-        blanks = cfg.blanks if which == "train" else (cfg.test_blanks or cfg.blanks)
-        return sudoku.generate(cfg.size, n, tuple(blanks), seed)
-    if cfg.name == "maze":
-        return maze.generate(cfg.size, n, cfg.min_path, seed, cfg.loop_frac)
-    return state_tracking.generate(cfg.group, cfg.length, n, seed)
-
-
-def task_spec(cfg: TaskConfig) -> TaskSpec:
-    if cfg.name == "sudoku":
-        return sudoku.sudoku_spec(cfg.size)
-    if cfg.name == "maze":
-        return maze.maze_spec(cfg.size)
-    return state_tracking.state_spec(cfg.group, cfg.length)
+    return TASKS[cfg.name].generate(cfg, which, n, seed)
 
 
 def load_csv_splits(cfg: TaskConfig) -> tuple[Split, Split, str]:
     """(train, test, source in words) from task.csv and task.test_csv. Without test_csv, the test set is held out
     of task.csv: the last n_test of its first n_train + n_test puzzles (never the generator's puzzles, which come
     from another distribution). DataError when there is nothing left to train on."""
+    read = TASKS[cfg.name].load_csv
     if cfg.test_csv:
-        train = sudoku.load_csv(cfg.csv, cfg.size, limit=cfg.n_train)
-        test = sudoku.load_csv(cfg.test_csv, cfg.size, limit=cfg.n_test)
+        train = read(cfg.csv, cfg, cfg.n_train)
+        test = read(cfg.test_csv, cfg, cfg.n_test)
         return train, test, f"train: {len(train)} puzzles of {cfg.csv}; test: {len(test)} of {cfg.test_csv}"
-    rows = sudoku.load_csv(cfg.csv, cfg.size, limit=cfg.n_train + cfg.n_test)
+    rows = read(cfg.csv, cfg, cfg.n_train + cfg.n_test)
     if len(rows) <= cfg.n_test:
         raise DataError(f"task.csv: {cfg.csv} has {len(rows)} puzzles; holding out task.n_test={cfg.n_test} of them "
                         "for testing leaves none to train on. Set task.test_csv or lower task.n_test.")
@@ -104,11 +91,11 @@ def load_task(cfg: TaskConfig) -> Task:
     """The task's spec and splits: from the CSV files when given, else generated (cached)."""
     if cfg.csv:
         train, test, source = load_csv_splits(cfg)
-        return Task(task_spec(cfg), train, test, cfg, source)
+        return Task(TASKS[cfg.name].spec(cfg), train, test, cfg, source)
     cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
     splits = {}
     for which in ("train", "test"):
         settings = {k: v for k, v in asdict(cfg).items() if k not in ("cache_dir", "augment", "csv", "test_csv")}
         key = {**settings, "split": which, "version": 1}
         splits[which] = cached(key, lambda w=which: generate_split(cfg, w), cache_dir)
-    return Task(task_spec(cfg), splits["train"], splits["test"], cfg)
+    return Task(TASKS[cfg.name].spec(cfg), splits["train"], splits["test"], cfg)

@@ -12,7 +12,7 @@ from collections import deque
 
 import numpy as np
 
-from study.tasks.base import Split, TaskSpec
+from study.tasks.base import Split, TaskDef, TaskSpec
 
 WALL, OPEN, START, GOAL, PATH = 1, 2, 3, 4, 5
 
@@ -104,3 +104,15 @@ def generate(size: int, n: int, min_path: int, seed: int, loop_frac: float = 0.1
     rows = [generate_maze(size, min_path, rng, loop_frac) for _ in range(n)]
     return Split(np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows]),
                  np.asarray([r[2] for r in rows], dtype=np.int64))
+
+
+def check_config(cfg) -> None:
+    if cfg.size < 5:
+        raise ValueError(f"task.size={cfg.size} is not allowed for maze; it must be >= 5")
+    if not 2 <= cfg.min_path <= max_path(cfg.size):
+        raise ValueError(f"task.min_path={cfg.min_path} cannot be reached on a {cfg.size}x{cfg.size} maze; allowed: "
+                         f"2..{max_path(cfg.size)}")
+
+
+TASK = TaskDef("maze", spec=lambda cfg: maze_spec(cfg.size), check=check_config,
+               generate=lambda cfg, which, n, seed: generate(cfg.size, n, cfg.min_path, seed, cfg.loop_frac))

@@ -11,7 +11,7 @@ import itertools
 
 import numpy as np
 
-from study.tasks.base import Split, TaskSpec
+from study.tasks.base import Split, TaskDef, TaskSpec
 
 GROUPS = ("S5", "A5")
 
@@ -50,3 +50,12 @@ def generate(group: str, length: int, n: int, seed: int) -> Split:
     for t in range(1, length):
         prods[:, t] = table[words[:, t], prods[:, t - 1]]
     return Split(words + 1, prods + 1, np.full(n, length, dtype=np.int64))
+
+
+def check_config(cfg) -> None:
+    if cfg.length < 1:
+        raise ValueError(f"task.length={cfg.length} is not allowed; it must be >= 1")
+
+
+TASK = TaskDef("state_tracking", spec=lambda cfg: state_spec(cfg.group, cfg.length), check=check_config,
+               generate=lambda cfg, which, n, seed: generate(cfg.group, cfg.length, n, seed))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from study.tasks.base import DataError, Split, TaskSpec
+from study.tasks.base import DataError, Split, TaskDef, TaskSpec
 
 BOXES = {4: (2, 2), 6: (2, 3), 9: (3, 3)}
 # Blank counts the greedy remover reaches reliably. Above these it would search for a very long time
@@ -271,3 +271,24 @@ def check_csv_row(path: Path, line: int, row: list[str], size: int, n2: int,
         raise DataError(f"{where}: a is not a solved {size}x{size} sudoku (a digit repeats in a row, column "
                         "or box)")
     return qv, av
+
+
+def check_config(cfg) -> None:
+    """task.size and the blank ranges (train and test) this generator can make."""
+    if cfg.size not in BOXES:
+        raise ValueError(f"task.size={cfg.size} is not allowed for sudoku; use one of {sorted(BOXES)}")
+    for rng in (cfg.blanks, cfg.test_blanks or cfg.blanks):
+        if rng[0] > rng[1]:
+            raise ValueError(f"task.blanks={list(rng)} is not allowed; min must not exceed max")
+        for b in rng:
+            check_blanks(cfg.size, b)
+
+
+def generate_split(cfg, which: str, n: int, seed: int) -> Split:
+    blanks = cfg.blanks if which == "train" else (cfg.test_blanks or cfg.blanks)
+    return generate(cfg.size, n, tuple(blanks), seed)
+
+
+TASK = TaskDef("sudoku", spec=lambda cfg: sudoku_spec(cfg.size), generate=generate_split, check=check_config,
+               augment=lambda split, cfg, rng: augment(split, cfg.size, rng) if cfg.augment else split,
+               load_csv=lambda path, cfg, limit: load_csv(path, cfg.size, limit=limit))
