@@ -9,6 +9,7 @@ perturbation test restarts from a snapshot at update u with noise of relative si
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -102,6 +103,67 @@ def axis_state(state: LoopState, axis: str):
 
 
 # -- the rollout -------------------------------------------------------------------------------------------------
+@dataclass
+class RolloutPlan:
+    """What one evaluation reads along each batch's rollout: step -> depth reading, the updates whose predictions
+    and loop statistics make the trajectory, and the update at which the state is snapshot for perturbation."""
+
+    total_steps: int
+    target_steps: dict[int, int]  # step -> depth_layers
+    H: int
+    last_update: int
+    axes: list[str]
+    perturb_step: int | None
+    perturb_n: int
+
+
+@dataclass
+class BatchReadings:
+    """One batch's rollout: per-depth readings (pred, halted, eff_layers), the trajectory parts and a snapshot."""
+
+    readings: dict[int, tuple]
+    part: dict[str, np.ndarray]
+    snapshot: tuple[LoopState, torch.Tensor, Split] | None
+
+
+def rollout_batch(model: Reasoner, batch: Split, plan: RolloutPlan, device: str,
+                  on_step: Callable[[int], None] | None = None) -> BatchReadings:
+    """Roll one batch out to plan.total_steps (Reasoner.rollout) and take every reading the plan asks for."""
+    tokens = torch.as_tensor(batch.inputs, device=device)
+    axes, H = plan.axes, plan.H
+    readings: dict[int, tuple] = {}
+    part: dict[str, list] = {"preds": [], "residual": [], "eta": [], **{f"gamma_{a}": [] for a in axes},
+                             **{f"score_{a}": [] for a in axes}}
+    snapshot = []
+    step = 0
+
+    def read(state: LoopState) -> None:
+        nonlocal step
+        step += 1
+        if on_step is not None:
+            on_step(step)
+        if step in plan.target_steps:
+            pred = model.logits(state).argmax(-1).cpu().numpy()
+            readings[plan.target_steps[step]] = (pred, state.halt.halted.cpu().numpy(),
+                                                 state.halt.eff_layers.cpu().numpy())
+        if step % H == 0 and step // H <= plan.last_update:
+            part["preds"].append(model.logits(state).argmax(-1).to(torch.int16).cpu().numpy())
+            part["residual"].append(state.halt.residual.cpu().numpy())
+            part["eta"].append(state.halt.eta.cpu().numpy())
+            for a in axes:
+                aux = axis_state(state, a).aux
+                part[f"gamma_{a}"].append(aux["gamma"].mean((1, 2)).cpu().numpy())
+                part[f"score_{a}"].append(aux["score"].flatten(1).median(1).values.cpu().numpy())
+        if plan.perturb_step is not None and step == plan.perturb_step:
+            k = min(plan.perturb_n, len(batch))
+            x = model.embed(tokens)  # the rollout's input injection, recomputed (deterministic) for the copies
+            snapshot.append((state.map(lambda t, k=k: t[:k].clone()), x[:k], batch.take(slice(0, k))))
+
+    model.rollout(tokens, plan.total_steps, on_step=read)
+    return BatchReadings(readings, {k: np.stack(v, 0) for k, v in part.items() if v},
+                         snapshot[0] if snapshot else None)
+
+
 @torch.no_grad()
 def evaluate(model: Reasoner, task: Task, cfg: EvalConfig, device: str = "cpu",
              on_progress: Callable[[int, int], None] | None = None) -> EvalResult:
@@ -123,41 +185,29 @@ def evaluate(model: Reasoner, task: Task, cfg: EvalConfig, device: str = "cpu",
     last_update = max(1, max(target_steps) // H)  # at least one update: the dynamics need one
     if cfg.stability:
         last_update = max(last_update, cfg.stability[1])
-    total_steps = max(max(target_steps), last_update * H)
+    plan = RolloutPlan(total_steps=max(max(target_steps), last_update * H), target_steps=target_steps, H=H,
+                       last_update=last_update, axes=infiloop_axes(model),
+                       perturb_step=cfg.perturb_update * H if cfg.perturb_update else None, perturb_n=cfg.perturb_n)
     data = task.test if cfg.n_test is None else task.test.take(slice(0, cfg.n_test))
-    axes = infiloop_axes(model)
+    axes = plan.axes
 
     readings: dict[int, list[tuple]] = {d: [] for d in depths}
     traj_parts: list[dict] = []
     snapshots: list[tuple[LoopState, torch.Tensor, Split]] = []
     n_batches = -(-len(data) // cfg.batch_size)
+    later = dataclasses.replace(plan, perturb_step=None)  # the perturbation test uses the first batch only
     for b, start in enumerate(range(0, len(data), cfg.batch_size)):
+        def progress(step: int, b: int = b) -> None:
+            on_progress(b * plan.total_steps + step, n_batches * plan.total_steps)
+
         batch = data.take(slice(start, start + cfg.batch_size))
-        tokens = torch.as_tensor(batch.inputs, device=device)
-        x = model.embed(tokens)
-        state = model.init_state(x)
-        part = {"preds": [], "residual": [], "eta": [], **{f"gamma_{a}": [] for a in axes},
-                **{f"score_{a}": [] for a in axes}}
-        for step in range(1, total_steps + 1):
-            state = model.step(state, x)
-            if on_progress is not None:
-                on_progress(b * total_steps + step, n_batches * total_steps)
-            if step in target_steps:
-                pred = model.logits(state).argmax(-1).cpu().numpy()
-                readings[target_steps[step]].append(
-                    (pred, state.halt.halted.cpu().numpy(), state.halt.eff_layers.cpu().numpy()))
-            if step % H == 0 and step // H <= last_update:
-                part["preds"].append(model.logits(state).argmax(-1).to(torch.int16).cpu().numpy())
-                part["residual"].append(state.halt.residual.cpu().numpy())
-                part["eta"].append(state.halt.eta.cpu().numpy())
-                for a in axes:
-                    aux = axis_state(state, a).aux
-                    part[f"gamma_{a}"].append(aux["gamma"].mean((1, 2)).cpu().numpy())
-                    part[f"score_{a}"].append(aux["score"].flatten(1).median(1).values.cpu().numpy())
-            if cfg.perturb_update and step == cfg.perturb_update * H and start == 0:
-                k = min(cfg.perturb_n, len(batch))
-                snapshots.append((state.map(lambda t, k=k: t[:k].clone()), x[:k], batch.take(slice(0, k))))
-        traj_parts.append({k: np.stack(v, 0) for k, v in part.items() if v})
+        got = rollout_batch(model, batch, plan if b == 0 else later, device,
+                            progress if on_progress is not None else None)
+        for depth, reading in got.readings.items():
+            readings[depth].append(reading)
+        traj_parts.append(got.part)
+        if got.snapshot is not None:
+            snapshots.append(got.snapshot)
 
     depth_rows = depth_table(readings, data, target_steps, mcfg)
     traj = Trajectory(
