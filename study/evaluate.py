@@ -145,15 +145,15 @@ def rollout_batch(model: Reasoner, batch: Split, plan: RolloutPlan, device: str,
         if step in plan.target_steps:
             pred = model.logits(state).argmax(-1).cpu().numpy()
             readings[plan.target_steps[step]] = (pred, state.halt.halted.cpu().numpy(),
-                                                 state.halt.eff_layers.cpu().numpy())
+                                                 state.halt.eff_layers.float().cpu().numpy())
         if step % H == 0 and step // H <= plan.last_update:
             part["preds"].append(model.logits(state).argmax(-1).to(torch.int16).cpu().numpy())
-            part["residual"].append(state.halt.residual.cpu().numpy())
-            part["eta"].append(state.halt.eta.cpu().numpy())
+            part["residual"].append(state.halt.residual.float().cpu().numpy())  # float: bf16 has no numpy
+            part["eta"].append(state.halt.eta.float().cpu().numpy())
             for a in axes:
                 aux = axis_state(state, a).aux
-                part[f"gamma_{a}"].append(aux["gamma"].mean((1, 2)).cpu().numpy())
-                part[f"score_{a}"].append(aux["score"].flatten(1).median(1).values.cpu().numpy())
+                part[f"gamma_{a}"].append(aux["gamma"].float().mean((1, 2)).cpu().numpy())
+                part[f"score_{a}"].append(aux["score"].float().flatten(1).median(1).values.cpu().numpy())
         if plan.perturb_step is not None and step == plan.perturb_step:
             k = min(plan.perturb_n, len(batch))
             x = model.embed(tokens)  # the rollout's input injection, recomputed (deterministic) for the copies
@@ -166,11 +166,12 @@ def rollout_batch(model: Reasoner, batch: Split, plan: RolloutPlan, device: str,
 
 @torch.no_grad()
 def evaluate(model: Reasoner, task: Task, cfg: EvalConfig, device: str = "cpu",
-             on_progress: Callable[[int, int], None] | None = None) -> EvalResult:
+             on_progress: Callable[[int, int], None] | None = None, dtype: str = "fp32") -> EvalResult:
     """Readings at every target depth from one rollout per batch, plus the diagnostics.
 
     on_progress(done, total) is called after every step, counting steps over all batches (a rollout to 24,960
-    layers is minutes on a CPU: callers turn this into progress reports).
+    layers is minutes on a CPU: callers turn this into progress reports). dtype 'bf16' runs the rollouts under
+    bfloat16 autocast, as training did.
     """
     mcfg = cfg.model_config(model.cfg)
     if mcfg != model.cfg:  # same weights, other cycle counts / halting
@@ -179,6 +180,10 @@ def evaluate(model: Reasoner, task: Task, cfg: EvalConfig, device: str = "cpu",
         evm.load_state_dict(model.state_dict())
         model = evm
     model = model.to(device).eval()
+    if cfg.compile:  # the instance's step, so Reasoner.rollout runs the compiled one
+        model.step = torch.compile(model.step, mode="reduce-overhead" if device.startswith("cuda") else None)
+    amp = torch.autocast("cuda" if device.startswith("cuda") else "cpu", dtype=torch.bfloat16,
+                         enabled=dtype == "bf16")
     depths = cfg.resolved_depths(mcfg)
     target_steps = {mcfg.steps_for_depth(d): d for d in depths}
     H = mcfg.H
@@ -201,8 +206,9 @@ def evaluate(model: Reasoner, task: Task, cfg: EvalConfig, device: str = "cpu",
             on_progress(b * plan.total_steps + step, n_batches * plan.total_steps)
 
         batch = data.take(slice(start, start + cfg.batch_size))
-        got = rollout_batch(model, batch, plan if b == 0 else later, device,
-                            progress if on_progress is not None else None)
+        with amp:
+            got = rollout_batch(model, batch, plan if b == 0 else later, device,
+                                progress if on_progress is not None else None)
         for depth, reading in got.readings.items():
             readings[depth].append(reading)
         traj_parts.append(got.part)
@@ -223,7 +229,8 @@ def evaluate(model: Reasoner, task: Task, cfg: EvalConfig, device: str = "cpu",
     perturbation = []
     if snapshots:
         snap, x, batch = snapshots[0]
-        perturbation = perturbation_rows(model, snap, x, batch, cfg)
+        with amp:
+            perturbation = perturbation_rows(model, snap, x, batch, cfg)
     return EvalResult(depth_rows, dynamics, perturbation)
 
 

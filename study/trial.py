@@ -81,7 +81,8 @@ def run_trial(
     history = trainer.fit(on_log=on_log, checkpoint=checkpoint)
     if on_phase:
         on_phase("evaluating")
-    result = evaluate(trainer.eval_model(), task, cfg.eval, cfg.train.device, on_progress=on_eval_progress)
+    result = evaluate(trainer.eval_model(), task, cfg.eval, cfg.train.device, on_progress=on_eval_progress,
+                      dtype=cfg.train.dtype)
     metrics = summary_metrics(result, history)
     if store is not None:
         store.write("train_curve", study_name, tid, [vars(h) for h in history])

@@ -1,0 +1,42 @@
+"""bench/gpu_check.py at tiny size on CPU (--cpu-smoke): every part of the GPU check runs, so it cannot rot before
+a GPU is at hand. Also the evaluation's bf16 path, which only GPUs use for speed."""
+
+import json
+import subprocess
+import sys
+
+from .conftest import REPO
+
+
+def test_gpu_check_cpu_smoke_runs_every_part_and_ends_with_a_json_line():
+    proc = subprocess.run([sys.executable, "bench/gpu_check.py", "--cpu-smoke"], cwd=REPO, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    roll = out["rollout"]
+    assert roll["flops_per_step"] > 0 and roll["carry_last"]["layers_per_s"] > 0 and roll["infiloop_time_ratio"] > 0
+    assert out["training"]["steps"] >= 3 and out["training"]["tflops"] > 0
+    assert out["shared_gpu_run"]["ok"] and out["shared_gpu_run"]["trials"] == 2
+    comp = out["eval_compile"]
+    assert comp["compiled"]["exact_acc"] == comp["eager"]["exact_acc"]  # compiling changes speed, not numbers
+    assert out["peak_bf16_tflops"] is None  # no GPU here: no fraction of a peak is claimed
+
+
+def test_bf16_evaluation_gives_the_same_rows():
+    import torch
+
+    from study.config import CarryConfig, EvalConfig, ModelConfig, TaskConfig
+    from study.evaluate import evaluate
+    from study.models.reasoner import build_reasoner
+    from study.tasks.loader import load_task
+
+    task = load_task(TaskConfig(size=4, blanks=(6, 8), n_train=16, n_test=8))
+    torch.manual_seed(0)
+    model = build_reasoner(ModelConfig(hidden=32, heads=2, n_layers=1, H=2, L=2, carry=CarryConfig(rule="infiloop")),
+                           task.spec.vocab, task.spec.seq_len, task.spec.grid)
+    ev = EvalConfig(depths=[12, 24], stability=(1, 2), perturb_update=1, perturb_updates=2, perturb_n=4)
+    fp32, bf16 = evaluate(model, task, ev), evaluate(model, task, ev, dtype="bf16")
+    assert [(r.depth_layers, r.difficulty, r.n) for r in fp32.depth] == [(r.depth_layers, r.difficulty, r.n)
+                                                                         for r in bf16.depth]
+    assert len(bf16.dynamics) == len(fp32.dynamics) and len(bf16.perturbation) == len(fp32.perturbation)
+    assert all(0 <= r.exact_acc <= 1 for r in bf16.depth)
