@@ -167,35 +167,42 @@ def progress_callback(study_name: str, total: int, mode: str, status_every_s: fl
 
 
 # -- running -----------------------------------------------------------------------------------------------------------
-def build_tuner(study: Study, root: str, pending: list, threads: int):
-    """The Tuner for the pending trials (grid) or the Optuna search, and its progress callback."""
+def param_space(study: Study, root: str, pending: list, threads: int) -> dict[str, Any]:
+    """Tune's param space: what every trial gets, plus the pending configs (grid) or the Optuna space on the base.
+    Built again by resume_study: Tune's saved state does not keep the param space."""
     from ray import tune
-    from ray.tune.logger import JsonLoggerCallback
 
     spec, sweep = study.spec, study.spec.sweep
     common = {"store": root, "study": spec.name, "threads": threads,
               "metric": sweep.optuna.metric if sweep.optuna else "final_exact_acc", "eval_reports": sweep.asha is None}
-    mode = sweep.optuna.mode if sweep.optuna else "max"
-    search_alg, num_samples, scheduler = None, 1, None
     if sweep.optuna is not None:
-        from ray.tune.search.optuna import OptunaSearch
-
         space = {}
         for key, p in sweep.optuna.space.items():
             space[key] = {"uniform": lambda p=p: tune.uniform(p.low, p.high),
                           "loguniform": lambda p=p: tune.loguniform(p.low, p.high),
                           "int": lambda p=p: tune.randint(int(p.low), int(p.high) + 1),
                           "choice": lambda p=p: tune.choice(p.values)}[p.type]()
-        base = {**spec.base(), "seed": sweep.seeds[0]}
-        param_space = {**common, "trial": base, "searched": space}
+        return {**common, "trial": {**spec.base(), "seed": sweep.seeds[0]}, "searched": space}
+    # Configs go into the grid as JSON text: Tune deep-copies the whole param space for every variant, and a string
+    # copies for free where a nested dict is walked: dicts cost O(N^2) (51 s of driver time before the first of 400
+    # trials started). Handing configs over by id through tune.with_parameters was no better: each trial then
+    # fetched all N configs (per-trial time doubled at N = 1,000).
+    return {**common, "trial": tune.grid_search([json.dumps(to_dict(c)) for c in pending])}
+
+
+def build_tuner(study: Study, root: str, pending: list, threads: int):
+    """The Tuner for the pending trials (grid) or the Optuna search, and its progress callback."""
+    from ray import tune
+    from ray.tune.logger import JsonLoggerCallback
+
+    spec, sweep = study.spec, study.spec.sweep
+    mode = sweep.optuna.mode if sweep.optuna else "max"
+    search_alg, num_samples, scheduler = None, 1, None
+    if sweep.optuna is not None:
+        from ray.tune.search.optuna import OptunaSearch
+
         search_alg = OptunaSearch(seed=sweep.seeds[0])
         num_samples = sweep.optuna.num_samples
-    else:
-        # Configs go into the grid as JSON text: Tune deep-copies the whole param space for every variant, and a
-        # string copies for free where a nested dict is walked: dicts cost O(N^2) (51 s of driver time before the
-        # first of 400 trials started). Handing configs over by id through tune.with_parameters was no better: each
-        # trial then fetched all N configs (per-trial time doubled at N = 1,000).
-        param_space = {**common, "trial": tune.grid_search([json.dumps(to_dict(c)) for c in pending])}
     if sweep.asha is not None:
         from ray.tune.schedulers import ASHAScheduler
 
@@ -206,7 +213,7 @@ def build_tuner(study: Study, root: str, pending: list, threads: int):
     progress = progress_callback(spec.name, total, mode)
     tuner = tune.Tuner(
         tune.with_resources(trainable, resources),
-        param_space=param_space,
+        param_space=param_space(study, root, pending, threads),
         tune_config=tune.TuneConfig(metric="objective", mode=mode, search_alg=search_alg, scheduler=scheduler,
                                     num_samples=num_samples, max_concurrent_trials=sweep.max_concurrent or None,
                                     reuse_actors=True),  # a fresh worker process per trial costs seconds
@@ -296,8 +303,12 @@ def resume_study(name: str, *, storage: str, address: str | None = None) -> dict
     done_before = store.completed_trials(name)
     eprint(f"[{name}] restoring from {path}; {len(done_before)} trial(s) complete in storage")
     res = study.spec.resources
+    # the param space again (Tune does not save it): trials it had not generated yet come from it; a trial that
+    # completed meanwhile is skipped by the trainable's own check
+    pending = [c for c in study.trials if trial_id(c) not in done_before]
+    space = param_space(study, root, pending or study.trials, max(1, int(res.cpu)))
     tuner = tune.Tuner.restore(path, tune.with_resources(trainable, {"cpu": res.cpu, "gpu": res.gpu}),
-                               resume_unfinished=True, resume_errored=True)
+                               resume_unfinished=True, resume_errored=True, param_space=space)
     grid = tuner.fit()
     errors = sum(1 for r in grid if r.error is not None)
     missing = [c for c in study.trials if trial_id(c) not in store.completed_trials(name)]

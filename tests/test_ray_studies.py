@@ -155,6 +155,23 @@ def test_stopping_a_local_cluster_leaves_other_rays_on_the_machine_running(ray_c
     assert all(lc.alive(p) for p in ours)  # the test cluster (another "user") is untouched
 
 
+def test_resume_after_the_driver_died_before_tune_saved_any_trial(ray_cluster, tmp_path):
+    """Tune's saved state keeps no param space: resume must hand it again, or the trials it generates are empty."""
+    driver = subprocess.Popen([sys.executable, "-m", "study.cli", "run", "tests/specs/tiny.yaml", "--address",
+                               ray_cluster["address"], "--store", str(tmp_path), "--no-plot"],
+                              cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 300
+    while not (tmp_path / "_tune" / "tiny" / "tuner.pkl").exists():
+        assert driver.poll() is None and time.time() < deadline
+        time.sleep(0.05)
+    os.killpg(driver.pid, signal.SIGKILL)
+    driver.wait()
+    proc = loopstudy("resume", "--study", "tiny", "--store", str(tmp_path), "--address", ray_cluster["address"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "KeyError" not in proc.stderr
+    assert_rows_once(tmp_path, "tiny", 4)
+
+
 def node_processes(resource_name: str) -> list[int]:
     """PIDs of the raylet that carries `resource_name` and of the workers attached to it."""
     out = subprocess.run(["ps", "-ww", "-eo", "pid=,args="], capture_output=True, text=True).stdout
