@@ -9,6 +9,7 @@ perturbation test restarts from a snapshot at update u with noise of relative si
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -180,7 +181,8 @@ def evaluate(model: Reasoner, task: Task, cfg: EvalConfig, device: str = "cpu",
         evm.load_state_dict(model.state_dict())
         model = evm
     model = model.to(device).eval()
-    if cfg.compile:  # the instance's step, so Reasoner.rollout runs the compiled one
+    if cfg.compile:  # on a shallow copy (same weights): Reasoner.rollout then runs the compiled step, the caller's
+        model = copy.copy(model)  # model keeps its own
         model.step = torch.compile(model.step, mode="reduce-overhead" if device.startswith("cuda") else None)
     amp = torch.autocast("cuda" if device.startswith("cuda") else "cpu", dtype=torch.bfloat16,
                          enabled=dtype == "bf16")
