@@ -141,12 +141,11 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 # -- analysis (no torch, no Ray) ---------------------------------------------------------------------------------------
-def _store(root: str, must_exist: bool = True):
-    """The results store at root; reading commands (must_exist) refuse a root that was never written to."""
+def _store(root: str):
+    """The results store at root, for reading: StoreError when nothing was ever written there."""
     from study.store import Store
 
-    store = Store(root)
-    return store.require() if must_exist else store
+    return Store(root).require()
 
 
 def cmd_table(args: argparse.Namespace) -> int:
@@ -203,7 +202,7 @@ def cmd_importance(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from study.analysis.report import report
 
-    path = report(_store(args.store), args.study, args.out or f"{args.study}_report.html", skip_bad=args.skip_bad)
+    path = report(_store(args.store), args.study, args.out, skip_bad=args.skip_bad)
     print(path)
     eprint(f"report written to {path.resolve()} (one self-contained HTML file)")
     return 0

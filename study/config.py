@@ -315,9 +315,6 @@ class EvalConfig:
     def __post_init__(self):
         if self.depths is not None and (not self.depths or min(self.depths) < 1):
             raise ValueError(f"eval.depths={self.depths} is not allowed; give positive layer counts")
-        if self.depths and max(self.depths) > MAX_DEPTH_LAYERS:
-            raise ValueError(f"eval.depths={max(self.depths)} layers is not allowed; at most {MAX_DEPTH_LAYERS} "
-                             "(4x the papers' deepest reading, 24,960)")
         check_positive("eval", self, ("H", "L", "n_test", "batch_size", "align_window", "perturb_updates",
                                       "perturb_n"))
         if self.perturb_update is not None and self.perturb_update < 1:
@@ -352,7 +349,8 @@ class EvalConfig:
                 raise ValueError(f"{key} reaches update {update} = {update * cfg.layers_per_update} layers; at most "
                                  f"{MAX_DEPTH_LAYERS} layers are allowed")
         if max(depths) > MAX_DEPTH_LAYERS:
-            raise ValueError(f"eval.depths: {max(depths)} layers is not allowed; at most {MAX_DEPTH_LAYERS}")
+            raise ValueError(f"eval.depths={max(depths)} layers is not allowed; at most {MAX_DEPTH_LAYERS} "
+                             "(4x the papers' deepest reading, 24,960)")
         return sorted(set(depths))
 
 

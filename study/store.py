@@ -132,6 +132,26 @@ class Entry:
     is_file: bool
 
 
+def file_trial_id(path: str) -> str:
+    """The trial id a trial file is named for: `.../<trial_id>.parquet` -> `<trial_id>`."""
+    return path.rsplit("/", 1)[-1].removesuffix(".parquet")
+
+
+def has_parquet_tail(path: str) -> bool:
+    """Whether a local file ends the way every complete Parquet file does (footer, then the magic 'PAR1'): a
+    truncated or overwritten file does not. One open, a seek and a 4-byte read (~8 us), no parsing: the driver
+    checks 50,000 files of a 10,000-trial study this way in about 0.4 s."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        size = os.lseek(fd, 0, os.SEEK_END)
+        return size >= 12 and os.pread(fd, 4, size - 4) == b"PAR1"
+    finally:
+        os.close(fd)
+
+
 def resolve_root(root: str | os.PathLike) -> str:
     """A results root as every command and trial sees it: an object-store URI as given, a path made absolute
     (trials run in other working folders)."""
@@ -313,8 +333,8 @@ class Store:
         col = got.get_field_index("trial_id")
         if col < 0:
             return "no trial_id column"
-        stem = path.rsplit("/", 1)[-1][:-len(".parquet")]
-        if stem + ".parquet" == COMPACTED:
+        stem = file_trial_id(path)
+        if path.endswith("/" + COMPACTED):
             return None
         for g in range(meta.num_row_groups):
             stats = meta.row_group(g).column(col).statistics
@@ -323,21 +343,11 @@ class Store:
         return None
 
     def _sound(self, info: Entry | pafs.FileInfo) -> bool:
-        """Cheap whole-file check without parsing: a Parquet file ends with its footer and the magic 'PAR1', so a
-        truncated or overwritten file fails it. Local files only (a read per object would cost a request each;
-        object-store writes are single PUTs, never half a file)."""
+        """Cheap whole-file check without parsing (see has_parquet_tail). Local files only: a read per object would
+        cost a request each, and object-store writes are single PUTs, never half a file."""
         if info.size is None or info.size < 12:
             return False
-        if not self.local:
-            return True
-        try:
-            fd = os.open(info.path, os.O_RDONLY)
-        except OSError:
-            return False
-        try:
-            return os.pread(fd, 4, info.size - 4) == b"PAR1"
-        finally:
-            os.close(fd)
+        return has_parquet_tail(info.path) if self.local else True
 
     def _sources(self, table: str, study: str | None, skip_bad: bool) -> tuple[list[str], list[str]]:
         """(trial files, compacted files) whose footers show them sound and of the table's schema. A bad file is a
@@ -375,11 +385,6 @@ class Store:
             if text:
                 out.update(json.loads(text))
         return out
-
-    def valid_files(self, table: str, study: str | None = None, skip_bad: bool = False) -> list[str]:
-        """Every file that scan() reads for the table: sound per-trial files, then compacted ones."""
-        trial, compacted = self._sources(table, study, skip_bad)
-        return trial + compacted
 
     # -- reading ---------------------------------------------------------------------------------------------------
     def _polars_path(self, path: str) -> str:
@@ -419,7 +424,7 @@ class Store:
             frames.append(pl.scan_parquet([self._polars_path(f) for f in trial], **opts))
         if compacted:
             comp = pl.scan_parquet([self._polars_path(f) for f in compacted], **opts)
-            own = [f"{p.rsplit('/', 2)[-2][len('study='):]}/{p.rsplit('/', 1)[-1][:-len('.parquet')]}" for p in trial]
+            own = [f"{p.rsplit('/', 2)[-2][len('study='):]}/{file_trial_id(p)}" for p in trial]
             if own:
                 comp = comp.filter(~pl.concat_str([pl.col("study"), pl.col("trial_id")], separator="/").is_in(own))
             frames.append(comp)
@@ -485,28 +490,16 @@ class Store:
 
     def _sound_trial_ids(self, table: str, study: str) -> set[str]:
         """Ids of the study's per-trial files in `table` that pass _sound. Locally a fast path for the driver's
-        once-per-run count: names from scandir (no stat), then open, seek to the end (which gives the size) and
-        read the last 4 bytes: about 8 us a file, 10,000 trials x 5 tables in about 0.4 s here."""
+        once-per-run count: names from scandir (no stat per file), then has_parquet_tail."""
         if not self.local:
-            return {i.base_name[:-len(".parquet")] for i in self._list(table, study)[0] if self._sound(i)}
+            return {file_trial_id(i.base_name) for i in self._list(table, study)[0] if self._sound(i)}
         d = self._dir(table, study)
         try:
             with os.scandir(d) as it:
                 names = [e.name for e in it if TRIAL_FILE.fullmatch(e.name)]
         except (FileNotFoundError, NotADirectoryError):
             return set()
-        out = set()
-        for name in names:
-            try:
-                fd = os.open(f"{d}/{name}", os.O_RDONLY)
-            except OSError:
-                continue
-            try:
-                if os.lseek(fd, 0, os.SEEK_END) >= 12 and os.pread(fd, 4, os.lseek(fd, -4, os.SEEK_END)) == b"PAR1":
-                    out.add(name[:-len(".parquet")])
-            finally:
-                os.close(fd)
-        return out
+        return {file_trial_id(name) for name in names if has_parquet_tail(f"{d}/{name}")}
 
     def trial_row(self, study: str, trial_id: str) -> dict[str, Any] | None:
         """One trial's row of the trials table, from its own file (or the compacted file); None when it has none."""
@@ -548,9 +541,9 @@ class Store:
         done = self.completed_trials(study)
         compacted = self._compacted_ids(study)
         for table in TABLES:  # a trial with a file the footer check refuses (named) stays out, files and all
-            done &= {p.rsplit("/", 1)[-1][:-len(".parquet")] for p in self._sources(table, study, True)[0]} | compacted
+            done &= {file_trial_id(p) for p in self._sources(table, study, True)[0]} | compacted
         listed = {t: {i.path: (i.size, i.mtime_ns) for i in self._list(t, study)[0]} for t in TABLES}
-        merged = {t: [p for p in listed[t] if p.rsplit("/", 1)[-1][:-len(".parquet")] in done] for t in TABLES}
+        merged = {t: [p for p in listed[t] if file_trial_id(p) in done] for t in TABLES}
         rows = {}
         for table in TABLES:
             sch = schema(table)
