@@ -263,8 +263,13 @@ class Store:
             out = []
             with it:
                 for e in it:
+                    if e.name.startswith("."):  # writes in flight: renamed away at any moment, never read
+                        continue
                     if e.is_file(follow_symlinks=False):
-                        st = e.stat(follow_symlinks=False)
+                        try:
+                            st = e.stat(follow_symlinks=False)
+                        except FileNotFoundError:  # removed since the listing (a compaction): not there
+                            continue
                         out.append(Entry(e.path, e.name, st.st_size, st.st_mtime_ns, True))
                     else:
                         out.append(Entry(e.path, e.name, None, None, False))
@@ -457,8 +462,11 @@ class Store:
         path = f"{self.root}/{rel}"
         if self.fs.get_file_info(path).type != pafs.FileType.File:
             return None
-        with self.fs.open_input_stream(path) as f:
-            return f.read().decode()
+        try:
+            with self.fs.open_input_stream(path) as f:
+                return f.read().decode()
+        except FileNotFoundError:  # never written, or removed meanwhile (a compaction's marker)
+            return None
 
     # -- completeness ----------------------------------------------------------------------------------------------
     def _compacted_ids(self, study: str, trial_id: str | None = None) -> set[str]:
