@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STORE=${STORE:-results/showcase}
-for spec in depth_scaling axis_placement beta_init halting_tau; do
+for spec in depth_scaling axis_placement beta_init halting_tau overthinking; do
   loopstudy run "search_spaces/cpu/$spec.yaml" --store "$STORE" --no-plot
 done
 loopstudy table depth --study cpu_depth_scaling --store "$STORE" --paper --wide --format markdown
@@ -17,3 +17,6 @@ loopstudy table beta --study cpu_beta_init --store "$STORE" --paper --format mar
 loopstudy table halting --study cpu_halting_tau --store "$STORE" --format markdown
 loopstudy plot all --study cpu_depth_scaling --store "$STORE" --figures "$STORE/figures"
 loopstudy plot depth --study cpu_depth_scaling --store "$STORE" --figures docs/figures  # the README's figure
+loopstudy table retention --study cpu_overthinking --store "$STORE" --format markdown
+loopstudy table overthinking --study cpu_overthinking --store "$STORE" --paper --wide --format markdown
+loopstudy plot overthinking --study cpu_overthinking --store "$STORE" --figures docs/figures  # the README's figure

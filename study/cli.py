@@ -315,7 +315,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     tb = sub.add_parser("table", parents=[from_store], help="an ablation table from stored Parquet",
                         description="Tables: depth, final, placement, beta, scaling, halting, difficulty, stability, "
-                                    "perturbation. Aggregated over seeds (mean, std, n, 95%% CI).")
+                                    "perturbation, overthinking (by depth / training depth), retention (peak vs 10x "
+                                    "training depth). Aggregated over seeds "
+                                    "(mean, std, n, 95%% CI).")
     tb.add_argument("kind")
     add_study(tb, required=True)
     tb.add_argument("--format", default="terminal", choices=["terminal", "markdown", "csv", "latex"])
@@ -325,7 +327,8 @@ def build_parser() -> argparse.ArgumentParser:
     tb.set_defaults(func=cmd_table)
 
     pl_ = sub.add_parser("plot", parents=[from_store], help="figures (PNG and PDF) from stored Parquet",
-                         description="Figures: depth, difficulty, gamma, score, eff_layers, perturbation, or all.")
+                         description="Figures: depth, difficulty, gamma, score, eff_layers, perturbation, "
+                                     "overthinking, or all.")
     pl_.add_argument("kind")
     add_study(pl_, required=True)
     pl_.add_argument("--figures", "--out", dest="figures", default="results/figures", metavar="DIR",

@@ -34,9 +34,9 @@ MAX_DEPTH_LAYERS = 100_000
 # Upper bounds on sizes, for the same reason: far above any study here or in the papers (9x9 sudoku, hidden 512,
 # ~65k steps of batch 768, 16 supervision steps), low enough that a typo fails at once instead of running out of
 # memory or time. Keys are "section.field".
-MAX_SIZE = {"task.n_train": 10_000_000, "task.n_test": 1_000_000, "model.hidden": 16_384, "model.heads": 1_024,
-            "model.n_layers": 1_024, "train.steps": 10_000_000, "train.batch_size": 1_000_000, "train.n_sup": 1_024,
-            "eval.batch_size": 1_000_000}
+MAX_SIZE = {"task.n_train": 10_000_000, "task.n_test": 1_000_000, "task.length": 100_000, "task.test_size": 1_000,
+            "model.hidden": 16_384, "model.heads": 1_024, "model.n_layers": 1_024, "train.steps": 10_000_000,
+            "train.batch_size": 1_000_000, "train.n_sup": 1_024, "eval.batch_size": 1_000_000}
 
 # Study names become folder names (<root>/<table>/study=<name>/) and Hive partition values: letters, digits and
 # '_', '.', '-' only, starting with a letter or digit. No '/' or '..' (a path outside the root), no '%' (pyarrow's
@@ -140,7 +140,11 @@ class ModelConfig:
     """Everything that defines a reasoner except the task's vocab, length and grid (known at build time).
 
     H: steps per update (outer cycles for nested, iterations for flat). L: inner cycles (nested only).
-    grad_steps: steps per update that get gradient (TRM: 1; FPRM's truncated BPTT: k = 6).
+    grad_steps: steps per update that get gradient (TRM: 1; FPRM's truncated BPTT: k = 6; = H with train.n_sup 1:
+    the loss at the last iteration with gradient through all of them, as Deep Thinking trains).
+    recall: the input is re-injected at every step (TRM, FPRM, DT "recall"); False: it enters the initial state
+    only (DT without recall, the architecture that overthinks). pos: learned absolute positions, or none (the
+    conv's locality alone orders tokens; the model then reads other lengths / board sides at test time).
     """
 
     kind: Literal["nested", "flat"] = "nested"
@@ -156,6 +160,8 @@ class ModelConfig:
     H: int = 3
     L: int = 6
     grad_steps: int = 1
+    recall: bool = True
+    pos: Literal["learned", "none"] = "learned"
     carry: CarryConfig = field(default_factory=CarryConfig)
     halting: HaltingConfig = field(default_factory=HaltingConfig)
 
@@ -176,6 +182,9 @@ class ModelConfig:
                 raise ValueError(f"model.{name}={v} is not allowed; it must lie in [0, 1)")
         if self.residual_scaling and self.norm != "pre":
             raise ValueError("model.residual_scaling=True needs model.norm='pre' (FPRM's pre-norm scaling)")
+        if self.pos == "none" and not self.conv:
+            raise ValueError("model.pos=none needs model.conv=true: without positions the conv's locality is the "
+                             "only order the model sees")
 
     @property
     def layers_per_step(self) -> int:
@@ -202,10 +211,17 @@ class ModelConfig:
 
 
 
+# Task settings only some tasks read: set for another task, they are refused rather than silently ignored.
+TASK_ONLY = {"test_size": ("maze",), "min_length": ("prefix_sums",), "test_lengths": ("prefix_sums",)}
+
+
 @pdataclass(config={"extra": "forbid"})
 class TaskConfig:
-    """name: sudoku | maze | state_tracking. size: board side (sudoku 4/6/9, maze N). blanks: [min, max] blanks
-    per sudoku (test_blanks: another range for the test set). csv / test_csv: Sudoku-Extreme files instead of
+    """name: sudoku | maze | state_tracking | prefix_sums. size: board side (sudoku 4/6/9, maze N); test_size: a
+    maze side for the test set (extrapolation: train small, test larger). blanks: [min, max] blanks per sudoku
+    (test_blanks: another range for the test set). length: sequence length (state tracking; prefix sums: the
+    longest training string, min_length the shortest); test_lengths: prefix-sum test lengths (default: length).
+    csv / test_csv: Sudoku-Extreme files instead of
     generated puzzles (relative paths are read against the spec's folder; a trial's identity holds their contents);
     with csv and no test_csv the last n_test of the first n_train + n_test puzzles of csv are held out as the test
     set. data_seed fixes the data for every trial seed (the trial seed drives init and order)."""
@@ -218,6 +234,9 @@ class TaskConfig:
     loop_frac: float = 0.1
     group: Literal["S5", "A5"] = "A5"
     length: int = 16
+    min_length: int | None = None
+    test_lengths: list[int] | None = None
+    test_size: int | None = None
     n_train: int = 2000
     n_test: int = 256
     data_seed: int = 0
@@ -227,8 +246,11 @@ class TaskConfig:
     cache_dir: str | None = None
 
     def __post_init__(self):
+        for key, tasks in TASK_ONLY.items():
+            if getattr(self, key) is not None and self.name not in tasks:
+                raise ValueError(f"task.{key} is for {', '.join(tasks)}; task.name is {self.name!r}")
+        check_positive("task", self, ("n_train", "n_test", "length", "min_length", "test_size"))
         TASKS[self.name].check(self)
-        check_positive("task", self, ("n_train", "n_test"))
         if not 0 <= self.loop_frac <= 1:
             raise ValueError(f"task.loop_frac={self.loop_frac} is not allowed; it must lie in [0, 1]")
         for key in ("csv", "test_csv"):
@@ -250,7 +272,11 @@ class TaskConfig:
 
 @pdataclass(config={"extra": "forbid"})
 class TrainConfig:
-    """steps: optimizer steps (each batch gives n_sup of them). device/dtype: 'cpu'|'cuda', 'fp32'|'bf16'."""
+    """steps: optimizer steps (each batch gives n_sup of them). device/dtype: 'cpu'|'cuda', 'fp32'|'bf16'.
+    progressive: Deep Thinking's progressive loss weight alpha (Bansal et al. 2022): the loss is (1 - alpha) x the
+    loss after the update's H steps + alpha x the loss after k steps with gradient that start from n steps run
+    without it (n uniform in 0..H-1, k in 1..H-n), which teaches the step to improve any partial state instead of
+    counting iterations. 0: off. Needs n_sup 1."""
 
     steps: int = 600
     batch_size: int = 64
@@ -267,9 +293,15 @@ class TrainConfig:
     threads: int = 0  # torch CPU threads; 0 leaves torch's default
     log_every: int = 50
     checkpoint_every: int = 0  # batches between checkpoints; 0: only at the end
+    progressive: float = 0.0
 
     def __post_init__(self):
         check_positive("train", self, ("steps", "batch_size", "n_sup", "log_every"))
+        if not 0 <= self.progressive <= 1:
+            raise ValueError(f"train.progressive={self.progressive} is not allowed; it must lie in [0, 1]")
+        if self.progressive and self.n_sup != 1:
+            raise ValueError(f"train.progressive={self.progressive} needs train.n_sup=1 (Deep Thinking trains one "
+                             f"update per batch); got train.n_sup={self.n_sup}")
         check_positive("train", self, ("warmup", "threads", "checkpoint_every"), least=0)
         for name in ("weight_decay", "grad_clip"):
             if not getattr(self, name) >= 0:
@@ -294,7 +326,9 @@ class EvalConfig:
     (FPRM's code evaluates with gamma 0.99; a test-time tau sweep needs no retraining of the halting rule).
     stability: (u1, u2) updates. perturb_update: update at which the state is perturbed (None: no perturbation
     test). compile: torch.compile the step of the evaluation rollout ("reduce-overhead", i.e. CUDA graphs, on a
-    GPU); same numbers, less per-step overhead, a one-off compile cost."""
+    GPU); same numbers, less per-step overhead, a one-off compile cost. readout: the prediction a depth reading
+    scores: the current step's (last), or per sample the most confident step's so far (max_conf: mean over the
+    input's tokens of the top softmax probability; a label-free baseline against overthinking)."""
 
     depths: list[int] | None = None
     H: int | None = None
@@ -311,6 +345,7 @@ class EvalConfig:
     perturb_updates: int = 36
     perturb_n: int = 64
     compile: bool | None = None  # torch.compile the rollout step (CUDA graphs on a GPU); None/False: eager
+    readout: Literal["last", "max_conf"] = "last"
 
     def __post_init__(self):
         if self.depths is not None and (not self.depths or min(self.depths) < 1):
@@ -366,6 +401,11 @@ class TrialConfig:
     def __post_init__(self):
         # depth targets must be whole outer cycles of the *evaluated* model: fail before training starts
         self.eval.resolved_depths(self.eval.model_config(self.model))
+        spec = TASKS[self.task.name].spec(self.task)
+        if self.model.pos == "learned" and spec.test_shape_differs:
+            shape = spec.test_grid if len(spec.grid) > 1 else f"{spec.test_seq_len} tokens"
+            raise ValueError(f"the test inputs ({shape}) are larger than training's ({spec.grid}) and model.pos="
+                             "learned has no positions for them; set model.pos=none")
         if self.eval.n_test is not None and self.eval.n_test > self.task.n_test:
             raise ValueError(f"eval.n_test={self.eval.n_test} is not allowed; the task has task.n_test="
                              f"{self.task.n_test} test samples")
@@ -373,9 +413,14 @@ class TrialConfig:
 
 # Fields that do not change a trial's results, so they stay out of its identity.
 NON_IDENTITY = {("task", "cache_dir"), ("train", "log_every"), ("train", "checkpoint_every"), ("train", "threads")}
-# Fields added after results were stored: left out of the hash while unset, so a new knob does not give every
-# stored trial a new id (and re-run it). Add a field here when it joins a config section with a None default.
-ADDED_LATER = {("eval", "tau"), ("eval", "gamma"), ("eval", "compile")}
+# Fields added after results were stored, with the value that reproduces the behaviour from before them: left out
+# of the hash while they hold it, so a new knob does not give every stored trial a new id (and re-run it). Add a
+# field here whenever one joins a config section.
+ADDED_LATER: dict[tuple[str, str], Any] = {
+    ("eval", "tau"): None, ("eval", "gamma"): None, ("eval", "compile"): None, ("eval", "readout"): "last",
+    ("model", "recall"): True, ("model", "pos"): "learned", ("train", "progressive"): 0.0,
+    ("task", "min_length"): None, ("task", "test_lengths"): None, ("task", "test_size"): None,
+}
 
 
 def to_dict(cfg: TrialConfig) -> dict[str, Any]:
@@ -436,8 +481,8 @@ def trial_id(cfg: TrialConfig) -> str:
     for section, name in DATA_FILES:
         if d[section].get(name):
             d[section][name] = "sha256:" + file_digest(d[section][name])
-    for section, name in ADDED_LATER:
-        if d[section].get(name) is None:
+    for (section, name), before in ADDED_LATER.items():
+        if d[section].get(name, before) == before:
             d[section].pop(name, None)
     d.pop("label", None)
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]

@@ -116,6 +116,8 @@ class RolloutPlan:
     axes: list[str]
     perturb_step: int | None
     perturb_n: int
+    readout: str = "last"  # eval.readout: what a depth reading scores
+    pad: int | None = None  # the task's padding token: trailing all-padding columns are not rolled out
 
 
 @dataclass
@@ -129,8 +131,26 @@ class BatchReadings:
 
 def rollout_batch(model: Reasoner, batch: Split, plan: RolloutPlan, device: str,
                   on_step: Callable[[int], None] | None = None) -> BatchReadings:
-    """Roll one batch out to plan.total_steps (Reasoner.rollout) and take every reading the plan asks for."""
+    """Roll one batch out to plan.total_steps (Reasoner.rollout) and take every reading the plan asks for.
+
+    Columns that are padding in every sample (a batch of short strings in a test set padded to its longest) are
+    cut before the rollout, so a model without positions sees each string as it would alone; predictions come
+    back at full width (padding is never scored). With readout max_conf each reading is, per sample, the
+    prediction of the most confident step so far; the trajectory (the dynamics) keeps every step's own.
+    """
+    width = batch.inputs.shape[1]
+    if plan.pad is not None:
+        used = np.flatnonzero((batch.inputs != plan.pad).any(0))
+        cut = int(used[-1]) + 1 if used.size else 1
+        batch = Split(batch.inputs[:, :cut], batch.labels[:, :cut], batch.difficulty)
+
+    def full(pred: np.ndarray) -> np.ndarray:
+        return pred if pred.shape[1] == width else np.pad(pred, ((0, 0), (0, width - pred.shape[1])))
+
     tokens = torch.as_tensor(batch.inputs, device=device)
+    real = (tokens != plan.pad) if plan.pad is not None else torch.ones_like(tokens, dtype=torch.bool)
+    best_conf = torch.full((len(batch),), -1.0, device=device)
+    best_pred = torch.zeros_like(tokens)
     axes, H = plan.axes, plan.H
     readings: dict[int, tuple] = {}
     part: dict[str, list] = {"preds": [], "residual": [], "eta": [], **{f"gamma_{a}": [] for a in axes},
@@ -143,12 +163,19 @@ def rollout_batch(model: Reasoner, batch: Split, plan: RolloutPlan, device: str,
         step += 1
         if on_step is not None:
             on_step(step)
+        if plan.readout == "max_conf":
+            probs = model.logits(state).float().softmax(-1)
+            conf = (probs.amax(-1) * real).sum(1) / real.sum(1).clamp_min(1)
+            better = conf > best_conf  # strictly: the earliest of equally confident steps
+            best_conf.copy_(torch.where(better, conf, best_conf))
+            best_pred.copy_(torch.where(better[:, None], probs.argmax(-1), best_pred))
         if step in plan.target_steps:
-            pred = model.logits(state).argmax(-1).cpu().numpy()
-            readings[plan.target_steps[step]] = (pred, state.halt.halted.cpu().numpy(),
+            # (a copy: on the CPU .numpy() shares memory, and best_pred changes in place afterwards)
+            pred = best_pred.clone() if plan.readout == "max_conf" else model.logits(state).argmax(-1)
+            readings[plan.target_steps[step]] = (full(pred.cpu().numpy()), state.halt.halted.cpu().numpy(),
                                                  state.halt.eff_layers.float().cpu().numpy())
         if step % H == 0 and step // H <= plan.last_update:
-            part["preds"].append(model.logits(state).argmax(-1).to(torch.int16).cpu().numpy())
+            part["preds"].append(full(model.logits(state).argmax(-1).to(torch.int16).cpu().numpy()))
             part["residual"].append(state.halt.residual.float().cpu().numpy())  # float: bf16 has no numpy
             part["eta"].append(state.halt.eta.float().cpu().numpy())
             for a in axes:
@@ -194,7 +221,8 @@ def evaluate(model: Reasoner, task: Task, cfg: EvalConfig, device: str = "cpu",
         last_update = max(last_update, cfg.stability[1])
     plan = RolloutPlan(total_steps=max(max(target_steps), last_update * H), target_steps=target_steps, H=H,
                        last_update=last_update, axes=infiloop_axes(model),
-                       perturb_step=cfg.perturb_update * H if cfg.perturb_update else None, perturb_n=cfg.perturb_n)
+                       perturb_step=cfg.perturb_update * H if cfg.perturb_update else None, perturb_n=cfg.perturb_n,
+                       readout=cfg.readout, pad=task.spec.pad)
     data = task.test if cfg.n_test is None else task.test.take(slice(0, cfg.n_test))
     axes = plan.axes
 

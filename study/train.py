@@ -1,7 +1,9 @@
 """Training (methods.md section 5): deep supervision, truncated BPTT, AdamW with warmup, EMA, checkpoints.
 
 Each batch is supervised `n_sup` times: one update (H steps, gradient through the last `grad_steps`), a loss on
-the logits, one optimizer step, then the loop state is detached and carried into the next update. A checkpoint
+the logits, one optimizer step, then the loop state is detached and carried into the next update. Deep Thinking's
+training is n_sup 1 with grad_steps = H (the loss at the last iteration, gradient through every one), optionally
+mixed with its progressive loss (train.progressive). A checkpoint
 holds model, optimizer, EMA, every RNG and the step, and is taken between batches, so a resumed run continues
 exactly as an uninterrupted one.
 """
@@ -170,7 +172,9 @@ class Trainer:
                 state = model.init_state(x) if state is None else state.detach()
                 state = model.update(x, state)
                 logits = model.logits(state)
-            loss = cell_loss(logits, labels, cfg.loss)
+                loss = cell_loss(logits, labels, cfg.loss)
+                if cfg.progressive:
+                    loss = (1 - cfg.progressive) * loss + cfg.progressive * self.progressive_loss(x, labels)
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.grad_clip:
@@ -186,6 +190,22 @@ class Trainer:
                        lr_at(cfg, self.step - 1), time.perf_counter() - t0)
         self.history.append(log)
         return log
+
+    def progressive_loss(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Deep Thinking's progressive loss (train.progressive): from a fresh state, n steps without gradient, then
+        k with it, n uniform in 0..H-1 and k in 1..H-n (drawn from the data RNG, so a resumed run draws the same)."""
+        model, H = self.model, self.model.cfg.H
+        n = int(self.data_rng.integers(0, H))
+        k = int(self.data_rng.integers(1, H - n + 1))
+        state = model.init_state(x)
+        if n:  # (n = 0: the state keeps its path to the embedding, as DT's does)
+            with torch.no_grad():
+                for _ in range(n):
+                    state = model.step(state, x)
+            state = state.detach()
+        for _ in range(k):
+            state = model.step(state, x)
+        return cell_loss(model.logits(state), labels, self.cfg.loss)
 
     def fit(self, on_log: Callable[[TrainLog], None] | None = None,
             checkpoint: Callable[[Trainer], None] | None = None) -> list[TrainLog]:

@@ -233,3 +233,55 @@ print("ok")
 """
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def overthinking_store(tmp_path_factory):
+    """Two variants x 3 seeds, trained at 16 layers (H 8, L 1, 1 layer, n_sup 1), read at 1x, 2x and 10x."""
+    s = Store(tmp_path_factory.mktemp("over"))
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    curves = {"forgets": [(0.8, 0.6, 0.2), (0.9, 0.5, 0.3), (0.7, 0.7, 0.1)],
+              "recalls": [(0.8, 0.9, 0.9), (0.9, 0.9, 0.9), (0.7, 0.8, 0.8)]}
+    for label, seeds in curves.items():
+        for seed, accs in enumerate(seeds):
+            cfg = to_dict(TrialConfig(seed=seed, label=label))
+            cfg["model"].update(H=8, L=1, n_layers=1, grad_steps=8)
+            cfg["train"]["n_sup"] = 1
+            tid = f"{label}{seed}"
+            s.write("depth_eval", "over", tid, [
+                {"depth_layers": d, "outer_cycles": d // 2, "difficulty": None, "n": 10, "exact_acc": a,
+                 "cell_acc": a, "halted_frac": 0.0, "eff_layers": float(d)} for d, a in zip((16, 32, 160), accs)])
+            s.write("trials", "over", tid, [{**config_row(cfg), "status": "complete", "params": 1, "started": now,
+                                             "ended": now, "wall_s": 1.0, "device": "cpu"}])
+    return s, curves
+
+
+def test_overthinking_table_reads_depth_as_a_multiple_of_training_depth(overthinking_store):
+    store, _ = overthinking_store
+    df = tables.build_table(store, "over", "overthinking", paper=True)
+    measured = df.filter(df["source"] == "measured")
+    assert sorted(set(measured["depth_x"])) == [1.0, 2.0, 10.0]
+    row = measured.filter((measured["setting"] == "forgets") & (measured["depth_x"] == 10.0)).row(0, named=True)
+    assert row["exact_acc_mean"] == pytest.approx(0.2) and row["n"] == 3
+    # Deep Thinking's published curve: 8.0% at 100 of its 30 training iterations
+    paper = df.filter(df["setting"] == "DT prefix sums, no recall: 32-bit training set [paper]")
+    assert paper.filter(paper["depth_x"] == round(100 / 30, 3))["exact_acc_mean"].item() == pytest.approx(0.08)
+
+
+def test_retention_is_computed_per_seed_then_aggregated(overthinking_store):
+    store, curves = overthinking_store
+    df = tables.build_table(store, "over", "retention")
+    for label, seeds in curves.items():
+        row = df.filter(df["setting"] == label).row(0, named=True)
+        retained = [a[2] / max(a) for a in seeds]
+        m, sd, ci = mean_ci(retained)
+        assert row["retained_10x_mean"] == pytest.approx(m) and row["retained_10x_ci95"] == pytest.approx(ci)
+        assert row["peak_mean"] == pytest.approx(sum(max(a) for a in seeds) / 3)
+        assert row["deepest_x"] == 10.0
+    assert df.filter(df["setting"] == "forgets")["retained_10x_mean"].item() < 0.5  # loses over half its peak
+
+
+def test_overthinking_figure_is_drawn_from_the_store(overthinking_store, tmp_path):
+    store, _ = overthinking_store
+    written = figures.plot(store, "over", "overthinking", tmp_path)
+    assert {p.suffix for p in written} == {".png", ".pdf"} and all(p.stat().st_size > 1000 for p in written)

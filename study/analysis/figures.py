@@ -6,6 +6,7 @@ gamma          InfiLoop step size gamma_t aligned to each puzzle's solving updat
 score          content score (median) against the number of wrong cells
 eff_layers     effective layers against difficulty (halting)
 perturbation   solved puzzles kept and relative distance after a perturbation, per eps
+overthinking   exact accuracy vs depth as a multiple of training depth, with Deep Thinking's published curves
 """
 
 from __future__ import annotations
@@ -20,7 +21,17 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import polars as pl  # noqa: E402
 
-from study.analysis.tables import AnalysisError, Context, aggregate, deepest, load_context, overall, published  # noqa: E402
+from study.analysis.tables import (  # noqa: E402
+    AnalysisError,
+    Context,
+    aggregate,
+    deepest,
+    dt_multiple,
+    load_context,
+    overall,
+    published,
+    with_depth_multiple,
+)
 from study.store import Store  # noqa: E402
 
 matplotlib.rcParams.update({"pdf.fonttype": 42, "ps.fonttype": 42, "svg.hashsalt": "loopstudy",
@@ -95,6 +106,19 @@ def fig_eff_layers(ctx: Context, ax) -> None:
     _labels(ax, "Effective layers vs difficulty", "difficulty (blanks / path length)", "effective layers")
 
 
+def fig_overthinking(ctx: Context, ax) -> None:
+    _bands(ax, overall(with_depth_multiple(ctx, ctx.table("depth_eval"))), "depth_x", "exact_acc", limits=(0.0, 1.0))
+    markers = iter("v^s<>D")
+    for (method,), g in published("overthinking").group_by("method", maintain_order=True):
+        ax.plot([dt_multiple(x) for x in g["x"]], [v / 100 for v in g["value"]], marker=next(markers, "o"),
+                ls=":", lw=0.8, color="gray", mfc="none", ms=5, label=f"{method} [paper]")
+    ax.axvline(1, color="gray", lw=0.8, ls="--")
+    ax.set_xscale("log")
+    ax.set_ylim(-0.02, 1.02)
+    _labels(ax, "Overthinking: accuracy past the training depth", "test-time depth / training depth",
+            "exact accuracy (all test lengths)")
+
+
 def fig_perturbation(ctx: Context, ax) -> None:
     df = aggregate(ctx.table("perturbation"), ["setting", "eps", "updates_after"], ["solved_kept"])
     if df.height == 0:
@@ -109,7 +133,7 @@ def fig_perturbation(ctx: Context, ax) -> None:
 
 FIGURES: dict[str, Callable[[Context, plt.Axes], None]] = {
     "depth": fig_depth, "difficulty": fig_difficulty, "gamma": fig_gamma, "score": fig_score,
-    "eff_layers": fig_eff_layers, "perturbation": fig_perturbation,
+    "eff_layers": fig_eff_layers, "perturbation": fig_perturbation, "overthinking": fig_overthinking,
 }
 
 

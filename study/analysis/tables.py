@@ -133,6 +133,21 @@ def deepest(lf: pl.LazyFrame) -> pl.LazyFrame:
 
 
 # -- the tables --------------------------------------------------------------------------------------------------------
+def training_depth() -> pl.Expr:
+    """Executed layers of a trial's deepest training rollout: H steps per update, n_sup updates carried on, each
+    step (L + 1) * n_layers layers (nested) or n_layers (flat), as in config.ModelConfig."""
+    per_step = pl.when(pl.col("model.kind") == "nested").then((pl.col("model.L") + 1) * pl.col("model.n_layers")) \
+        .otherwise(pl.col("model.n_layers"))
+    return pl.col("model.H") * pl.col("train.n_sup") * per_step
+
+
+def with_depth_multiple(ctx: Context, lf: pl.LazyFrame) -> pl.LazyFrame:
+    """Adds `depth_x`: a reading's depth as a multiple of its trial's training depth."""
+    train = ctx.trials.select("trial_id", training_depth().alias("train_layers")).lazy()
+    return lf.join(train, on="trial_id").with_columns(
+        (pl.col("depth_layers") / pl.col("train_layers")).round(3).alias("depth_x"))
+
+
 def t_depth(ctx: Context) -> pl.DataFrame:
     """Accuracy by executed layers, per setting (the depth-scaling table)."""
     return aggregate(overall(ctx.table("depth_eval")), ["setting", "depth_layers"], ["exact_acc", "cell_acc"])
@@ -156,6 +171,26 @@ def t_difficulty(ctx: Context) -> pl.DataFrame:
     return aggregate(lf, ["setting", "difficulty"], ["exact_acc", "eff_layers"])
 
 
+def t_overthinking(ctx: Context) -> pl.DataFrame:
+    """Accuracy against test-time depth as a multiple of training depth (depth_x), per setting and test
+    difficulty (a prefix-sum length, a maze side; null: all): overthinking is accuracy falling as depth_x grows."""
+    lf = with_depth_multiple(ctx, ctx.table("depth_eval"))
+    return aggregate(lf, ["setting", "difficulty", "depth_x"], ["exact_acc"])
+
+
+def t_retention(ctx: Context) -> pl.DataFrame:
+    """Overthinking in four numbers per setting, each first per trial (so the CIs are over seeds): the peak
+    accuracy over depths, the accuracy at 10x the training depth, their ratio (retained_10x; <= 0.5 is losing at
+    least half the peak) and the accuracy at the deepest reading (deepest_x times the training depth)."""
+    lf = with_depth_multiple(ctx, overall(ctx.table("depth_eval")))
+    acc = pl.col("exact_acc")
+    per_trial = lf.group_by("trial_id", "setting").agg(
+        acc.max().alias("peak"), acc.filter(pl.col("depth_x") == 10).first().alias("at_10x"),
+        acc.sort_by("depth_layers").last().alias("deepest"), pl.col("depth_x").max().alias("deepest_x"),
+    ).with_columns((pl.col("at_10x") / pl.col("peak")).alias("retained_10x"))
+    return aggregate(per_trial, ["setting", "deepest_x"], ["peak", "at_10x", "retained_10x", "deepest"])
+
+
 def t_stability(ctx: Context) -> pl.DataFrame:
     """Stability between two updates: predictions changed, wrong-cell delta, flipped cells, solved-then-lost."""
     lf = ctx.table("dynamics").filter(pl.col("kind") == "stability")
@@ -177,6 +212,8 @@ TABLES: dict[str, tuple[Callable[[Context], pl.DataFrame], str | None]] = {
     "scaling": (t_final, "scaling"),
     "halting": (t_halting, "halting"),
     "difficulty": (t_difficulty, "difficulty"),
+    "overthinking": (t_overthinking, "overthinking"),
+    "retention": (t_retention, None),
     "stability": (t_stability, "stability"),
     "perturbation": (t_perturbation, "perturbation"),
 }
@@ -187,6 +224,12 @@ def published(table: str | None = None) -> pl.DataFrame:
     text = resources.files("study.data").joinpath("published.csv").read_text()
     df = pl.read_csv(io.StringIO(text), schema_overrides={"x": pl.String})
     return df if table is None else df.filter(pl.col("table") == table)
+
+
+def dt_multiple(x: str) -> float:
+    """A published Deep Thinking reading's depth as a multiple of its training depth: x = "test/train" iterations."""
+    test, train = x.split("/")
+    return int(test) / int(train)
 
 
 def paper_rows(kind: str, measured: pl.DataFrame) -> pl.DataFrame:
@@ -203,6 +246,8 @@ def paper_rows(kind: str, measured: pl.DataFrame) -> pl.DataFrame:
             row.update({"setting": f"{r['method']} [paper]", "depth_layers": int(r["x"])})
         if kind == "difficulty" and r["x"].isdigit():
             row.update({"setting": f"{r['method']} [paper]", "difficulty": int(r["x"])})
+        if kind == "overthinking":  # x is "<test iterations>/<training iterations>"
+            row.update({"setting": f"{r['method']} [paper]", "depth_x": round(dt_multiple(r["x"]), 3)})
         # published percentages are shown as fractions, like the measured accuracies
         value = r["value"] / 100 if r["metric"] == "exact_acc" else r["value"]
         col = f"{r['metric']}_mean"

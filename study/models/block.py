@@ -77,11 +77,22 @@ class GridConv(nn.Module):
         conv = nn.Conv2d if len(cfg.grid) == 2 else nn.Conv1d
         self.conv = conv(cfg.hidden, cfg.hidden, 3, padding=1, groups=cfg.hidden)
 
+    def grid_for(self, S: int) -> tuple[int, ...]:
+        """The grid of a length-S input: a sequence of any length, a square board of any side (so a model without
+        learned positions reads longer strings and larger mazes at test time), else the configured grid."""
+        if len(self.grid) == 1:
+            return (S,)
+        side = math.isqrt(S)
+        if self.grid[0] == self.grid[1] and side * side == S:
+            return (side, side)
+        return self.grid
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, S, D = x.shape
-        n_grid = math.prod(self.grid)
+        grid = self.grid_for(S)
+        n_grid = math.prod(grid)
         # Tokens beyond the grid (none for our tasks, but allowed) are left to attention alone.
-        g = x[:, :n_grid].transpose(1, 2).reshape(B, D, *self.grid)
+        g = x[:, :n_grid].transpose(1, 2).reshape(B, D, *grid)
         out = self.conv(g).reshape(B, D, n_grid).transpose(1, 2)
         if n_grid < S:
             out = torch.cat([out, torch.zeros_like(x[:, n_grid:])], dim=1)

@@ -2,6 +2,9 @@
 
 Nested (TRM-style), per outer cycle:      for l in 1..L: z = carry_L(f(z + y + x));  y = carry_H(f(y + z))
 Flat (FPRM-style), per iteration:         z = carry(a2 * f(z) + b2 * x)   (or carry(f(z + x)) without scaling)
+Without recall (model.recall false, Deep Thinking's overthinking architecture) x enters the initial states only
+(y0 = y_init + x, z0 = z_init + x) and the steps drop it: z = carry_L(f(z + y)); flat z = carry(a2 * f(z)) or
+carry(f(z)).
 
 One *update* (= one deep-supervision step) is H steps; in training only the last `grad_steps` run with gradient
 (truncated BPTT). Executed layers are counted exactly: (L + 1) * n_layers per nested outer cycle, n_layers per flat
@@ -56,7 +59,8 @@ class Reasoner(nn.Module):
         d = cfg.hidden
         self.scale = math.sqrt(d)  # TRM: embeddings at unit scale per element
         self.tok = nn.Embedding(vocab, d)
-        self.pos = nn.Parameter(torch.randn(seq_len, d) / self.scale)
+        self.seq_len = seq_len
+        self.pos = nn.Parameter(torch.randn(seq_len, d) / self.scale) if cfg.pos == "learned" else None
         nn.init.normal_(self.tok.weight, std=1 / self.scale)
         self.block = Block(block_config(cfg, grid))
         self.head = nn.Linear(d, vocab, bias=False)
@@ -66,7 +70,21 @@ class Reasoner(nn.Module):
         return self.cfg.layers_per_step
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        if self.pos is None:
+            return self.scale * self.tok(tokens)
+        if tokens.shape[1] > self.seq_len:
+            raise ValueError(f"{tokens.shape[1]} tokens, but model.pos=learned has positions for {self.seq_len}; "
+                             "use model.pos=none to read longer inputs")
         return self.scale * (self.tok(tokens) + self.pos[: tokens.shape[1]])
+
+    def injected(self, x: torch.Tensor) -> torch.Tensor | None:
+        """What a step adds of the input: x with recall, nothing without."""
+        return x if self.cfg.recall else None
+
+    def initial(self, init: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """A learned initial state; without recall the input enters here, and only here."""
+        h0 = init.expand_as(x)
+        return (h0 + x if not self.cfg.recall else h0).contiguous()
 
     def logits(self, state: LoopState) -> torch.Tensor:
         return self.head(rms_norm(state.outer.h.to(self.head.weight.dtype)))
@@ -129,8 +147,8 @@ class NestedReasoner(Reasoner):
         self.carry_outer = make_carry(cfg.carry.rule_for("outer"), d, cfg.carry)
 
     def init_state(self, x: torch.Tensor) -> LoopState:
-        y0 = self.y_init.expand_as(x).contiguous()
-        z0 = self.z_init.expand_as(x).contiguous()
+        y0 = self.initial(self.y_init, x)
+        z0 = self.initial(self.z_init, x)
         halt = start_halting(self.cfg.halting, x.shape[0], x.device)
         return LoopState(self.carry_outer.start(y0), self.carry_inner.start(z0), halt)
 
@@ -138,8 +156,10 @@ class NestedReasoner(Reasoner):
         eta = state.halt.eta
         y = state.outer.h
         inner = self.carry_inner.start(state.inner.h) if self.cfg.carry.reset_inner else state.inner
+        x = self.injected(x)
         for _ in range(self.cfg.L):
-            inner = self.carry_inner.step(inner, self.block(inner.h + y + x), eta)
+            inp = inner.h + y if x is None else inner.h + y + x
+            inner = self.carry_inner.step(inner, self.block(inp), eta)
         cand = self.block(y + inner.h)
         residual = relative_residual(y, cand, self.cfg.halting.eps)
         outer = self.carry_outer.step(state.outer, cand, eta)
@@ -155,17 +175,18 @@ class FlatReasoner(Reasoner):
         self.carry_outer = make_carry(cfg.carry.rule_for("flat"), cfg.hidden, cfg.carry)
 
     def init_state(self, x: torch.Tensor) -> LoopState:
-        z0 = self.z_init.expand_as(x).contiguous()
+        z0 = self.initial(self.z_init, x)
         halt = start_halting(self.cfg.halting, x.shape[0], x.device)
         return LoopState(self.carry_outer.start(z0), None, halt)
 
     def _step(self, state: LoopState, x: torch.Tensor) -> tuple[LoopState, torch.Tensor]:
         z = state.outer.h
+        x = self.injected(x)
         if self.block.scaling is not None:
             _, _, a2, b2 = self.block.scaling.coefficients()
-            cand = a2 * self.block(z) + b2 * x
+            cand = a2 * self.block(z) if x is None else a2 * self.block(z) + b2 * x
         else:
-            cand = self.block(z + x)
+            cand = self.block(z if x is None else z + x)
         residual = relative_residual(z, cand, self.cfg.halting.eps)
         outer = self.carry_outer.step(state.outer, cand, state.halt.eta)
         return LoopState(outer, None, state.halt, state.steps), residual

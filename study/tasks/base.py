@@ -39,6 +39,15 @@ class TaskSpec:
     seq_len: int
     grid: tuple[int, ...]
     difficulty_name: str  # what `difficulty` counts: blanks, path length, sequence length
+    pad: int | None = None  # the padding token of variable-length tasks (trailing padding is trimmed at test)
+    test_seq_len: int | None = None  # the test set's length and grid where they differ from training's
+    test_grid: tuple[int, ...] | None = None
+
+    @property
+    def test_shape_differs(self) -> bool:
+        """Whether the test inputs are longer than training's, or laid out on another grid."""
+        return ((self.test_seq_len or self.seq_len) > self.seq_len
+                or (len(self.grid) > 1 and (self.test_grid or self.grid) != self.grid))
 
 
 def accuracies(pred: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

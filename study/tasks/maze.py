@@ -1,7 +1,9 @@
 """Mazes N x N with loops; the label marks a BFS shortest path from start to goal (Maze-Hard style).
 
 Tokens: 0 PAD, 1 wall, 2 open, 3 start, 4 goal, 5 path (labels only). Difficulty = shortest-path length in cells
-(start and goal included); `min_path` is the difficulty knob (Maze-Hard: 30x30, paths of 110+ cells).
+(start and goal included); `min_path` is the difficulty knob (Maze-Hard: 30x30, paths of 110+ cells). task.test_size
+makes the test mazes larger than the training ones (Deep Thinking's extrapolation: train 9x9, test 13x13 and up);
+the difficulty is then the side.
 Generation: a random depth-first maze on the odd lattice, then `loop_frac` of the remaining inner walls between
 two open cells are knocked out, so there are loops and several routes (the label is BFS's path, a shortest one).
 """
@@ -17,8 +19,11 @@ from study.tasks.base import Split, TaskDef, TaskSpec
 WALL, OPEN, START, GOAL, PATH = 1, 2, 3, 4, 5
 
 
-def maze_spec(size: int) -> TaskSpec:
-    return TaskSpec("maze", 6, size * size, (size, size), "path_length")
+def maze_spec(size: int, test_size: int | None = None) -> TaskSpec:
+    """Training mazes of side `size`; test mazes of side `test_size` (extrapolation) when given."""
+    t = test_size or size
+    return TaskSpec("maze", 6, size * size, (size, size), "size" if test_size else "path_length",
+                    test_seq_len=t * t, test_grid=(t, t))
 
 
 def max_path(size: int) -> int:
@@ -107,12 +112,25 @@ def generate(size: int, n: int, min_path: int, seed: int, loop_frac: float = 0.1
 
 
 def check_config(cfg) -> None:
-    if cfg.size < 5:
-        raise ValueError(f"task.size={cfg.size} is not allowed for maze; it must be >= 5")
-    if not 2 <= cfg.min_path <= max_path(cfg.size):
-        raise ValueError(f"task.min_path={cfg.min_path} cannot be reached on a {cfg.size}x{cfg.size} maze; allowed: "
-                         f"2..{max_path(cfg.size)}")
+    for key, size in (("size", cfg.size), ("test_size", cfg.test_size or cfg.size)):
+        if size < 5:
+            raise ValueError(f"task.{key}={size} is not allowed for maze; it must be >= 5")
+    # the smaller side bounds the path length both splits must reach
+    side = min(cfg.size, cfg.test_size or cfg.size)
+    if not 2 <= cfg.min_path <= max_path(side):
+        raise ValueError(f"task.min_path={cfg.min_path} cannot be reached on a {side}x{side} maze; allowed: "
+                         f"2..{max_path(side)}")
 
 
-TASK = TaskDef("maze", spec=lambda cfg: maze_spec(cfg.size), check=check_config,
-               generate=lambda cfg, which, n, seed: generate(cfg.size, n, cfg.min_path, seed, cfg.loop_frac))
+def generate_split(cfg, which: str, n: int, seed: int) -> Split:
+    """A split of side `size` (train) or `test_size` (test). With test_size set (an extrapolation study) the
+    difficulty column is the maze's side, as Deep Thinking reports mazes, instead of the path length."""
+    size = cfg.size if which == "train" else (cfg.test_size or cfg.size)
+    split = generate(size, n, cfg.min_path, seed, cfg.loop_frac)
+    if cfg.test_size:
+        split.difficulty = np.full(n, size, dtype=np.int64)
+    return split
+
+
+TASK = TaskDef("maze", spec=lambda cfg: maze_spec(cfg.size, cfg.test_size), check=check_config,
+               generate=generate_split)
