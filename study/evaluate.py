@@ -229,13 +229,14 @@ def evaluate(model: Reasoner, task: Task, cfg: EvalConfig, device: str = "cpu",
     readings: dict[int, list[tuple]] = {d: [] for d in depths}
     traj_parts: list[dict] = []
     snapshots: list[tuple[LoopState, torch.Tensor, Split]] = []
-    n_batches = -(-len(data) // cfg.batch_size)
+    batches = batch_slices(data, cfg.batch_size, task.spec.pad)
+    n_batches = len(batches)
     later = dataclasses.replace(plan, perturb_step=None)  # the perturbation test uses the first batch only
-    for b, start in enumerate(range(0, len(data), cfg.batch_size)):
+    for b, rows in enumerate(batches):
         def progress(step: int, b: int = b) -> None:
             on_progress(b * plan.total_steps + step, n_batches * plan.total_steps)
 
-        batch = data.take(slice(start, start + cfg.batch_size))
+        batch = data.take(rows)
         with amp:
             got = rollout_batch(model, batch, plan if b == 0 else later, device,
                                 progress if on_progress is not None else None)
@@ -262,6 +263,18 @@ def evaluate(model: Reasoner, task: Task, cfg: EvalConfig, device: str = "cpu",
         with amp:
             perturbation = perturbation_rows(model, snap, x, batch, cfg)
     return EvalResult(depth_rows, dynamics, perturbation)
+
+
+def batch_slices(data: Split, batch_size: int, pad: int | None) -> list[slice]:
+    """Consecutive batches of at most batch_size samples. For a padded task a batch never spans two input widths
+    (a test set ordered by length): with the trailing padding cut, every string is then read at its own length,
+    as it would be alone, never beside padding it did not see in training."""
+    if pad is None:
+        return [slice(s, min(s + batch_size, len(data))) for s in range(0, len(data), batch_size)]
+    used = data.inputs != pad
+    width = np.where(used.any(1), used.shape[1] - np.argmax(used[:, ::-1], axis=1), 0)
+    cuts = [0, *(np.flatnonzero(np.diff(width)) + 1).tolist(), len(data)]
+    return [slice(s, min(s + batch_size, hi)) for lo, hi in zip(cuts, cuts[1:]) for s in range(lo, hi, batch_size)]
 
 
 def task_free_cells(task: Task, data: Split) -> np.ndarray:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from study.config import ConfigError, EvalConfig, ModelConfig, TaskConfig, TrainConfig, build_trial, trial_id
-from study.evaluate import RolloutPlan, evaluate, rollout_batch
+from study.evaluate import RolloutPlan, batch_slices, evaluate, rollout_batch
 from study.models import build_reasoner
 from study.tasks import IGNORE, TASKS, Split
 from study.tasks.loader import Task, load_task
@@ -236,3 +236,20 @@ def test_a_prefix_sum_trial_runs_from_the_cli_into_the_retention_table(tmp_path)
     out = cli("table", "retention", "--study", "pfx", "--store", str(tmp_path / "r"), "--format", "csv")
     header, row = out.strip().splitlines()[:2]
     assert "retained_10x_mean" in header and float(row.split(",")[1]) == 10  # training depth 4 layers, read to 40
+
+
+def test_test_batches_never_mix_string_lengths():
+    inputs = np.zeros((5, 12), dtype=np.int64)
+    inputs[:3, :8] = 1
+    inputs[3:, :12] = 2
+    split = Split(inputs, inputs, np.array([8, 8, 8, 12, 12]))
+    assert batch_slices(split, 2, pad=0) == [slice(0, 2), slice(2, 3), slice(3, 5)]
+    assert batch_slices(split, 2, pad=None) == [slice(0, 2), slice(2, 4), slice(4, 5)]
+
+
+def test_a_large_eval_batch_reads_each_length_as_a_batch_of_its_own_would(tmp_path):
+    task = prefix_task(tmp_path)  # 8 strings of 8 bits, then 8 of 12
+    model = tiny_model(recall=False)
+    one = evaluate(model, task, EvalConfig(depths=[2, 6], batch_size=64))
+    per_length = evaluate(model, task, EvalConfig(depths=[2, 6], batch_size=8))
+    assert [dataclasses.astuple(r) for r in one.depth] == [dataclasses.astuple(r) for r in per_length.depth]

@@ -108,3 +108,15 @@ def test_knobs_added_later_keep_stored_trial_ids_until_set():
     assert (ev.halting.enabled, ev.halting.tau, ev.halting.gamma) == (True, 0.01, 0.99)
     with pytest.raises(ValueError, match="eval.tau=0"):
         EvalConfig(tau=0)
+
+
+def test_overthinking_readout_variants_share_the_baselines_training():
+    """max_conf and test-time halting are read off the very weights of carry_last_no_recall (paired by seed)."""
+    study = load_study(REPO / "search_spaces" / "cpu" / "overthinking.yaml")
+    by = {(c.label, c.seed): c for c in study.trials}
+    for seed in range(5):
+        base = by[("carry_last_no_recall", seed)]
+        for label in ("carry_last_no_recall_max_conf", "carry_last_no_recall_halting"):
+            other = by[(label, seed)]
+            assert (other.task, other.model, other.train) == (base.task, base.model, base.train)
+            assert other.eval != base.eval

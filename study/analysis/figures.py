@@ -39,7 +39,7 @@ matplotlib.rcParams.update({"pdf.fonttype": 42, "ps.fonttype": 42, "svg.hashsalt
 
 
 def _bands(ax, lf: pl.LazyFrame, x: str, value: str, empty: str | None = None,
-           limits: tuple[float, float] = (-math.inf, math.inf)) -> None:
+           limits: tuple[float, float] = (-math.inf, math.inf), alpha: float = 0.2) -> None:
     """One line per setting: the mean of `value` over seeds against `x`, with its 95% CI as a band (clipped to
     the value's range: an accuracy's band stops at 1)."""
     df = aggregate(lf, ["setting", x], [value])
@@ -52,7 +52,7 @@ def _bands(ax, lf: pl.LazyFrame, x: str, value: str, empty: str | None = None,
         line, = ax.plot(xs, mean, marker="o", ms=3, label=setting)
         lo, hi = limits
         ax.fill_between(xs, [max(lo, m - c) for m, c in zip(mean, ci)], [min(hi, m + c) for m, c in zip(mean, ci)],
-                        alpha=0.2, color=line.get_color(), linewidth=0)
+                        alpha=alpha, color=line.get_color(), linewidth=0)
 
 
 def _labels(ax, title: str, xlabel: str, ylabel: str) -> None:
@@ -107,12 +107,14 @@ def fig_eff_layers(ctx: Context, ax) -> None:
 
 
 def fig_overthinking(ctx: Context, ax) -> None:
-    _bands(ax, overall(with_depth_multiple(ctx, ctx.table("depth_eval"))), "depth_x", "exact_acc", limits=(0.0, 1.0))
+    _bands(ax, overall(with_depth_multiple(ctx, ctx.table("depth_eval"))), "depth_x", "exact_acc", limits=(0.0, 1.0),
+           alpha=0.07)  # many settings: faint bands
     markers = iter("v^s<>D")
     for (method,), g in published("overthinking").group_by("method", maintain_order=True):
         ax.plot([dt_multiple(x) for x in g["x"]], [v / 100 for v in g["value"]], marker=next(markers, "o"),
-                ls=":", lw=0.8, color="gray", mfc="none", ms=5, label=f"{method} [paper]")
+                ls=":", lw=0.8, color="black", alpha=0.6, mfc="none", ms=5, label=f"{method} [paper]")
     ax.axvline(1, color="gray", lw=0.8, ls="--")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # many settings: beside the axes
     ax.set_xscale("log")
     ax.set_ylim(-0.02, 1.02)
     _labels(ax, "Overthinking: accuracy past the training depth", "test-time depth / training depth",
@@ -137,6 +139,9 @@ FIGURES: dict[str, Callable[[Context, plt.Axes], None]] = {
 }
 
 
+FIGSIZE = {"overthinking": (9.6, 4.6)}  # inches; the rest (6.4, 4.2)
+
+
 def plot(store: Store, study: str, kind: str, out: str | Path, skip_bad: bool = False,
          ctx: Context | None = None) -> list[Path]:
     """Write figure `kind` (or 'all') as PNG and PDF into `out`; returns the files written."""
@@ -149,7 +154,7 @@ def plot(store: Store, study: str, kind: str, out: str | Path, skip_bad: bool = 
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for k in kinds:
-        fig, ax = plt.subplots(figsize=(6.4, 4.2), layout="constrained")
+        fig, ax = plt.subplots(figsize=FIGSIZE.get(k, (6.4, 4.2)), layout="constrained")
         try:
             FIGURES[k](ctx, ax)
         except AnalysisError:
@@ -158,7 +163,7 @@ def plot(store: Store, study: str, kind: str, out: str | Path, skip_bad: bool = 
                 raise
             continue  # 'all' draws what the study has
         ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
+        if ax.get_legend() is None and ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7, loc="best")
         for ext, meta in (("png", {"Software": None}), ("pdf", {"CreationDate": None, "ModDate": None})):
             path = out / f"{study}_{k}.{ext}"

@@ -181,13 +181,14 @@ def t_overthinking(ctx: Context) -> pl.DataFrame:
 def t_retention(ctx: Context) -> pl.DataFrame:
     """Overthinking in four numbers per setting, each first per trial (so the CIs are over seeds): the peak
     accuracy over depths, the accuracy at 10x the training depth, their ratio (retained_10x; <= 0.5 is losing at
-    least half the peak) and the accuracy at the deepest reading (deepest_x times the training depth)."""
+    least half the peak; undefined for a trial that never solved anything) and the accuracy at the deepest reading
+    (deepest_x times the training depth)."""
     lf = with_depth_multiple(ctx, overall(ctx.table("depth_eval")))
     acc = pl.col("exact_acc")
     per_trial = lf.group_by("trial_id", "setting").agg(
         acc.max().alias("peak"), acc.filter(pl.col("depth_x") == 10).first().alias("at_10x"),
         acc.sort_by("depth_layers").last().alias("deepest"), pl.col("depth_x").max().alias("deepest_x"),
-    ).with_columns((pl.col("at_10x") / pl.col("peak")).alias("retained_10x"))
+    ).with_columns(pl.when(pl.col("peak") > 0).then(pl.col("at_10x") / pl.col("peak")).alias("retained_10x"))
     return aggregate(per_trial, ["setting", "deepest_x"], ["peak", "at_10x", "retained_10x", "deepest"])
 
 
