@@ -235,7 +235,9 @@ def test_a_prefix_sum_trial_runs_from_the_cli_into_the_retention_table(tmp_path)
     cli("trial", str(cfg), "--store", str(tmp_path / "r"), "--study", "pfx")
     out = cli("table", "retention", "--study", "pfx", "--store", str(tmp_path / "r"), "--format", "csv")
     header, row = out.strip().splitlines()[:2]
-    assert "retained_10x_mean" in header and float(row.split(",")[1]) == 10  # training depth 4 layers, read to 40
+    # (retained_10x is left out when the 4-step model solved nothing: undefined, so an all-empty column)
+    assert "peak_mean" in header and "at_10x_mean" in header
+    assert float(row.split(",")[1]) == 10  # training depth 4 layers, read to 40
 
 
 def test_test_batches_never_mix_string_lengths():
