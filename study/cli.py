@@ -316,8 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     tb = sub.add_parser("table", parents=[from_store], help="an ablation table from stored Parquet",
                         description="Tables: depth, final, placement, beta, scaling, halting, difficulty, stability, "
                                     "perturbation, overthinking (by depth / training depth), retention (peak vs 10x "
-                                    "training depth). Aggregated over seeds "
-                                    "(mean, std, n, 95%% CI).")
+                                    "training depth). Aggregated over seeds (mean, std, n, 95%% CI).")
     tb.add_argument("kind")
     add_study(tb, required=True)
     tb.add_argument("--format", default="terminal", choices=["terminal", "markdown", "csv", "latex"])

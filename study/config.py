@@ -221,10 +221,10 @@ class TaskConfig:
     maze side for the test set (extrapolation: train small, test larger). blanks: [min, max] blanks per sudoku
     (test_blanks: another range for the test set). length: sequence length (state tracking; prefix sums: the
     longest training string, min_length the shortest); test_lengths: prefix-sum test lengths (default: length).
-    csv / test_csv: Sudoku-Extreme files instead of
-    generated puzzles (relative paths are read against the spec's folder; a trial's identity holds their contents);
-    with csv and no test_csv the last n_test of the first n_train + n_test puzzles of csv are held out as the test
-    set. data_seed fixes the data for every trial seed (the trial seed drives init and order)."""
+    csv / test_csv: Sudoku-Extreme files instead of generated puzzles (relative paths are read against the spec's
+    folder; a trial's identity holds their contents); with csv and no test_csv the last n_test of the first
+    n_train + n_test puzzles of csv are held out as the test set. data_seed fixes the data for every trial seed
+    (the trial seed drives init and order)."""
 
     name: TaskName = "sudoku"
     size: int = 4
