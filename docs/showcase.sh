@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The CPU showcase (README "Results"): four studies on the embedded Ray, then the tables and figures the README
-# shows, regenerated from the stored Parquet alone. About an hour on 2 cores (the depth study is 35 minutes of it).
+# The CPU showcase (README "Results"): five studies on the embedded Ray, then the tables and figures the README
+# shows, regenerated from the stored Parquet alone. About two hours on 2 cores (the depth study is 35 minutes of it,
+# the overthinking study 47).
 # Interrupted? Run it again: trials complete in storage are skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
