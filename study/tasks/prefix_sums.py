@@ -15,7 +15,7 @@ import numpy as np
 
 from study.tasks.base import IGNORE, Split, TaskDef, TaskSpec
 
-PAD, ZERO, ONE = 0, 1, 2
+PAD, ZERO = 0, 1  # bit b is token ZERO + b
 DISTINCT_UP_TO = 20  # lengths <= this draw distinct integers below 2**length; longer ones draw free bits
 
 
