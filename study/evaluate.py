@@ -140,8 +140,7 @@ def rollout_batch(model: Reasoner, batch: Split, plan: RolloutPlan, device: str,
     """
     width = batch.inputs.shape[1]
     if plan.pad is not None:
-        used = np.flatnonzero((batch.inputs != plan.pad).any(0))
-        cut = int(used[-1]) + 1 if used.size else 1
+        cut = max(1, int(input_widths(batch.inputs, plan.pad).max()))
         batch = Split(batch.inputs[:, :cut], batch.labels[:, :cut], batch.difficulty)
 
     def full(pred: np.ndarray) -> np.ndarray:
@@ -163,19 +162,23 @@ def rollout_batch(model: Reasoner, batch: Split, plan: RolloutPlan, device: str,
         step += 1
         if on_step is not None:
             on_step(step)
+        target = step in plan.target_steps
+        traced = step % H == 0 and step // H <= plan.last_update
+        # once per step, for every reading below (none on steps nothing reads)
+        logits = model.logits(state) if target or traced or plan.readout == "max_conf" else None
         if plan.readout == "max_conf":
-            probs = model.logits(state).float().softmax(-1)
+            probs = logits.float().softmax(-1)
             conf = (probs.amax(-1) * real).sum(1) / real.sum(1).clamp_min(1)
             better = conf > best_conf  # strictly: the earliest of equally confident steps
             best_conf.copy_(torch.where(better, conf, best_conf))
             best_pred.copy_(torch.where(better[:, None], probs.argmax(-1), best_pred))
-        if step in plan.target_steps:
+        if target:
             # (a copy: on the CPU .numpy() shares memory, and best_pred changes in place afterwards)
-            pred = best_pred.clone() if plan.readout == "max_conf" else model.logits(state).argmax(-1)
+            pred = best_pred.clone() if plan.readout == "max_conf" else logits.argmax(-1)
             readings[plan.target_steps[step]] = (full(pred.cpu().numpy()), state.halt.halted.cpu().numpy(),
                                                  state.halt.eff_layers.float().cpu().numpy())
-        if step % H == 0 and step // H <= plan.last_update:
-            part["preds"].append(full(model.logits(state).argmax(-1).to(torch.int16).cpu().numpy()))
+        if traced:
+            part["preds"].append(full(logits.argmax(-1).to(torch.int16).cpu().numpy()))
             part["residual"].append(state.halt.residual.float().cpu().numpy())  # float: bf16 has no numpy
             part["eta"].append(state.halt.eta.float().cpu().numpy())
             for a in axes:
@@ -265,15 +268,19 @@ def evaluate(model: Reasoner, task: Task, cfg: EvalConfig, device: str = "cpu",
     return EvalResult(depth_rows, dynamics, perturbation)
 
 
+def input_widths(inputs: np.ndarray, pad: int) -> np.ndarray:
+    """Per sample, the columns up to its last token that is not padding (0 for an all-padding row)."""
+    used = inputs != pad
+    return np.where(used.any(1), used.shape[1] - np.argmax(used[:, ::-1], axis=1), 0)
+
+
 def batch_slices(data: Split, batch_size: int, pad: int | None) -> list[slice]:
     """Consecutive batches of at most batch_size samples. For a padded task a batch never spans two input widths
     (a test set ordered by length): with the trailing padding cut, every string is then read at its own length,
     as it would be alone, never beside padding it did not see in training."""
     if pad is None:
         return [slice(s, min(s + batch_size, len(data))) for s in range(0, len(data), batch_size)]
-    used = data.inputs != pad
-    width = np.where(used.any(1), used.shape[1] - np.argmax(used[:, ::-1], axis=1), 0)
-    cuts = [0, *(np.flatnonzero(np.diff(width)) + 1).tolist(), len(data)]
+    cuts = [0, *(np.flatnonzero(np.diff(input_widths(data.inputs, pad))) + 1).tolist(), len(data)]
     return [slice(s, min(s + batch_size, hi)) for lo, hi in zip(cuts, cuts[1:]) for s in range(lo, hi, batch_size)]
 
 

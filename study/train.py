@@ -172,9 +172,10 @@ class Trainer:
                 state = model.init_state(x) if state is None else state.detach()
                 state = model.update(x, state)
                 logits = model.logits(state)
-                loss = cell_loss(logits, labels, cfg.loss)
-                if cfg.progressive:
-                    loss = (1 - cfg.progressive) * loss + cfg.progressive * self.progressive_loss(x, labels)
+                prog = self.progressive_logits(x) if cfg.progressive else None
+            loss = cell_loss(logits, labels, cfg.loss)
+            if prog is not None:
+                loss = (1 - cfg.progressive) * loss + cfg.progressive * cell_loss(prog, labels, cfg.loss)
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.grad_clip:
@@ -191,9 +192,10 @@ class Trainer:
         self.history.append(log)
         return log
 
-    def progressive_loss(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Deep Thinking's progressive loss (train.progressive): from a fresh state, n steps without gradient, then
-        k with it, n uniform in 0..H-1 and k in 1..H-n (drawn from the data RNG, so a resumed run draws the same)."""
+    def progressive_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The logits Deep Thinking's progressive loss (train.progressive) scores: from a fresh state, n steps without
+        gradient, then k with it, n uniform in 0..H-1 and k in 1..H-n (drawn from the data RNG, so a resumed run
+        draws the same)."""
         model, H = self.model, self.model.cfg.H
         n = int(self.data_rng.integers(0, H))
         k = int(self.data_rng.integers(1, H - n + 1))
@@ -205,7 +207,7 @@ class Trainer:
             state = state.detach()
         for _ in range(k):
             state = model.step(state, x)
-        return cell_loss(model.logits(state), labels, self.cfg.loss)
+        return model.logits(state)
 
     def fit(self, on_log: Callable[[TrainLog], None] | None = None,
             checkpoint: Callable[[Trainer], None] | None = None) -> list[TrainLog]:

@@ -180,9 +180,9 @@ def t_overthinking(ctx: Context) -> pl.DataFrame:
 
 def t_retention(ctx: Context) -> pl.DataFrame:
     """Overthinking in four numbers per setting, each first per trial (so the CIs are over seeds): the peak
-    accuracy over depths, the accuracy at 10x the training depth, their ratio (retained_10x; <= 0.5 is losing at
-    least half the peak; undefined for a trial that never solved anything) and the accuracy at the deepest reading
-    (deepest_x times the training depth)."""
+    accuracy over depths, the accuracy at 10x the training depth (null without a reading at exactly 10x), their
+    ratio (retained_10x; <= 0.5 is losing at least half the peak; undefined for a trial that never solved
+    anything) and the accuracy at the deepest reading (deepest_x times the training depth)."""
     lf = with_depth_multiple(ctx, overall(ctx.table("depth_eval")))
     acc = pl.col("exact_acc")
     per_trial = lf.group_by("trial_id", "setting").agg(

@@ -52,10 +52,5 @@ def generate(group: str, length: int, n: int, seed: int) -> Split:
     return Split(words + 1, prods + 1, np.full(n, length, dtype=np.int64))
 
 
-def check_config(cfg) -> None:
-    if cfg.length < 1:
-        raise ValueError(f"task.length={cfg.length} is not allowed; it must be >= 1")
-
-
-TASK = TaskDef("state_tracking", spec=lambda cfg: state_spec(cfg.group, cfg.length), check=check_config,
+TASK = TaskDef("state_tracking", spec=lambda cfg: state_spec(cfg.group, cfg.length),
                generate=lambda cfg, which, n, seed: generate(cfg.group, cfg.length, n, seed))
