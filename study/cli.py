@@ -13,11 +13,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from study.console import eprint
+from study.paths import is_uri
+
 DEFAULT_STORE = os.environ.get("LOOPSTUDY_STORE", "results")
-
-
-def eprint(*a) -> None:
-    print(*a, file=sys.stderr, flush=True)
 
 
 # -- trial -------------------------------------------------------------------------------------------------------------
@@ -79,7 +78,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if out.get("interrupted"):
         return 130
     print_main_table(root, study.name)
-    figures = args.figures or (f"{root}/figures" if "://" not in root else "results/figures")
+    figures = args.figures or ("results/figures" if is_uri(root) else f"{root}/figures")
     eprint(f"figures: loopstudy plot all --study {study.name} --store {root} --figures {figures}")
     if not args.no_plot:
         from study.analysis.figures import plot
@@ -96,7 +95,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from study.launch import resume_study
 
     out = resume_study(args.study, storage=args.store, address=args.address)
-    from study.store import resolve_root
+    from study.paths import resolve_root
 
     root = resolve_root(args.store)
     print_main_table(root, args.study)

@@ -12,23 +12,21 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 from study.config import ConfigError, build_trial, to_dict, trial_id
+from study.console import eprint
+from study.paths import is_uri, resolve_root
 from study.spec import Study, check_resources
-from study.store import Store, resolve_root
+from study.store import Store
+from study.store.layout import spec_file, tune_dir
 from study.trainable import trainable
 
 COMPACT_AT = 500  # per-trial files per table at which a finished run compacts its study (loopstudy run --compact-at)
 STATUS_EVERY_S = 30.0  # the driver prints what the running trials are doing at most this often
-
-
-def eprint(*a) -> None:
-    print(*a, file=sys.stderr, flush=True)
 
 
 # -- cluster and storage checks ----------------------------------------------------------------------------------------
@@ -70,7 +68,7 @@ def check_storage(root: str, nodes: list[dict[str, Any]], shared: bool, data_fil
     refuse them up front."""
     if shared:
         return
-    local = ([root] if "://" not in root else []) + sorted(set(data_files))
+    local = ([root] if not is_uri(root) else []) + sorted(set(data_files))
     if not local:
         return
     addresses = {n.get("NodeManagerAddress", "") for n in nodes}
@@ -96,11 +94,6 @@ def data_files(study: Study) -> list[str]:
 def storage_root(study: Study, override: str | None) -> str:
     """The results root for a run: --store if given, else the spec's `storage`."""
     return resolve_root(override or study.spec.storage)
-
-
-def tune_dir(root: str) -> str:
-    """Where Tune keeps experiment state (checkpoints, trial state): beside the tables, ignored by readers."""
-    return f"{root.rstrip('/')}/_tune"
 
 
 # -- progress ----------------------------------------------------------------------------------------------------------
@@ -232,7 +225,7 @@ def save_spec(store: Store, study: Study) -> None:
     """Keep the spec beside the results, so `status` and `resume` need only the study name."""
     import yaml
 
-    store.put_text(f"_studies/{study.name}.yaml", yaml.safe_dump(study.data, sort_keys=False))
+    store.put_text(spec_file(study.name), yaml.safe_dump(study.data, sort_keys=False))
 
 
 def run_study(study: Study, *, address: str | None = None, storage: str | None = None,

@@ -27,7 +27,7 @@ from study.config import (
     TrialConfig,
     absolute_data_path,
     build_trial,
-    check_data_files,
+    check_data,
     check_study_name,
     describe_error,
     load_yaml,
@@ -37,6 +37,7 @@ from study.config import (
     set_dotted,
     trial_id,
 )
+from study.store.layout import spec_file
 
 
 class Strict(BaseModel):
@@ -258,11 +259,11 @@ def load_saved_study(store, name: str) -> Study:
     are already absolute). ConfigError when the store has no such study."""
     import yaml
 
-    text = store.get_text(f"_studies/{name}.yaml")
+    text = store.get_text(spec_file(name))
     if text is None:
         known = ", ".join(store.studies()) or "none"
         raise ConfigError(f"no study named {name!r} was run with results in {store.uri} (studies there: {known})")
-    source = f"{store.uri}/_studies/{name}.yaml"
+    source = f"{store.uri}/{spec_file(name)}"
     data = yaml.safe_load(text)
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping at the top level")
@@ -304,7 +305,7 @@ def study_from_data(data: dict[str, Any], source: str) -> Study:
             samples += [{**samples[0], k: v} for v in (p.values or [])]
         checked = [build_trial(_with(base, {**sample, "seed": sweep.seeds[0]}, source),
                                f"{source} (optuna space point {sample})") for sample in samples]
-        check_data_files(checked, source)
+        check_data(checked, source)
         return study
     seen = set()
     for over in grid_points(sweep):
@@ -316,7 +317,7 @@ def study_from_data(data: dict[str, Any], source: str) -> Study:
         if tid not in seen:  # two points that resolve to the same config run once
             seen.add(tid)
             study.trials.append(cfg)
-    check_data_files(study.trials, source)
+    check_data(study.trials, source)
     return study
 
 

@@ -14,7 +14,6 @@ import copy
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +22,7 @@ import torch.nn.functional as F
 
 from study.config import TrainConfig
 from study.models.reasoner import Reasoner
+from study.rows import TrainLog
 from study.tasks import IGNORE, Split, accuracies
 from study.tasks.loader import Task
 
@@ -65,16 +65,6 @@ class EMA:
         clone = copy.deepcopy(model)
         clone.load_state_dict(self.shadow)
         return clone
-
-
-@dataclass
-class TrainLog:
-    step: int
-    loss: float
-    cell_acc: float
-    exact_acc: float
-    lr: float
-    seconds: float
 
 
 def seed_everything(seed: int) -> None:

@@ -18,6 +18,7 @@ import polars as pl
 from study.analysis.figures import plot
 from study.analysis.tables import TABLES, AnalysisError, _cell, build_table, config_columns, load_context
 from study.store import Store
+from study.store.layout import spec_file
 
 STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
@@ -68,7 +69,7 @@ def report(store: Store, study: str, out: str | Path | None = None, skip_bad: bo
                                f"<figcaption>{kind}</figcaption></figure>")
     sections.append(("figures", f"Figures ({len(figures)})", "".join(figures) or "<p>No figure applies.</p>"))
 
-    spec = store.get_text(f"_studies/{study}.yaml")
+    spec = store.get_text(spec_file(study))
     sections.append(("spec", "Spec", f"<pre id='spec'>{html.escape(spec)}</pre>" if spec else
                      "<p>No saved spec (trials written by <code>loopstudy trial</code>).</p>"))
 

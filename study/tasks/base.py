@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:  # the config layer sits above the tasks: a name for annotations, no import at run time
+    from study.config import TaskConfig
 
 IGNORE = -100  # label value for positions that carry no target (padding)
 
@@ -62,17 +65,18 @@ def accuracies(pred: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.nda
 class TaskDef:
     """What a task module registers (as a module-level `TASK`): adding a task is one new module in study/tasks/.
 
-    cfg is the trial's TaskConfig. check(cfg) raises ValueError naming `task.<key>` for settings the task cannot
+    check(cfg) raises ValueError naming `task.<key>` for settings the task cannot
     take; generate(cfg, which, n, seed) makes the 'train' or 'test' split; augment(split, cfg, rng) is the training
     augmentation (None: none); reads_csv: task.csv / task.test_csv apply (load_csv(path, cfg, limit) reads them).
     """
 
     name: str
-    spec: Callable[[Any], TaskSpec]
-    generate: Callable[[Any, str, int, int], Split]
-    check: Callable[[Any], None] = lambda cfg: None
-    augment: Callable[[Split, Any, np.random.Generator], Split] | None = None
-    load_csv: Callable[[str, Any, int | None], Split] | None = None
+    spec: Callable[[TaskConfig], TaskSpec]
+    generate: Callable[[TaskConfig, str, int, int], Split]
+    check: Callable[[TaskConfig], None] = lambda cfg: None
+    augment: Callable[[Split, TaskConfig, np.random.Generator], Split] | None = None
+    load_csv: Callable[[str, TaskConfig, int | None], Split] | None = None
+    free_cells: Callable[[Split], np.ndarray] = lambda split: split.labels != IGNORE
 
     @property
     def reads_csv(self) -> bool:

@@ -9,16 +9,19 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from study.config import TaskConfig
+from study.atomic import atomic_target
 from study.tasks import TASKS
 from study.tasks.base import DataError, Split, TaskSpec
+
+if TYPE_CHECKING:  # the config layer sits above the tasks: names only, no import at run time
+    from study.config import TaskConfig, TrialConfig
 
 
 @dataclass
@@ -50,15 +53,8 @@ def cached(key: dict, make, cache_dir: Path) -> Split:
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
             pass  # unreadable (should not happen with atomic writes): make it again
     split = make()
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, inputs=split.inputs, labels=split.labels, difficulty=split.difficulty)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with atomic_target(str(path.resolve())) as tmp, open(tmp, "wb") as f:
+        np.savez(f, inputs=split.inputs, labels=split.labels, difficulty=split.difficulty)
     return split
 
 
@@ -99,3 +95,16 @@ def load_task(cfg: TaskConfig) -> Task:
         key = {**settings, "split": which, "version": 1}
         splits[which] = cached(key, lambda w=which: generate_split(cfg, w), cache_dir)
     return Task(TASKS[cfg.name].spec(cfg), splits["train"], splits["test"], cfg)
+
+
+def check_data_files(configs: list[TrialConfig]) -> None:
+    """Read every distinct task CSV the configs name, as a trial would, so bad data (a broken row, an answer that
+    breaks the rules, too few puzzles to hold out a test set) is refused before any trial starts: DataError
+    naming file and line."""
+    seen = set()
+    for cfg in configs:
+        t = cfg.task
+        key = (t.csv, t.test_csv, t.size, t.n_train, t.n_test)
+        if t.csv and key not in seen:
+            seen.add(key)
+            load_csv_splits(t)

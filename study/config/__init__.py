@@ -1,0 +1,47 @@
+"""Trial configuration, torch-free: the schema (`schema`), allowed ranges (`bounds`), trial identity
+(`identity`), reading YAML and overrides (`loading`), and the study-name rule (`names`).
+
+Every config is a pydantic dataclass that forbids unknown keys; impossible values raise ValueError naming the
+dotted key, the value and what is allowed; `build_trial` / `load_trial` turn them into one ConfigError line per
+problem.
+"""
+
+from study.config.bounds import MAX_DEPTH_LAYERS, Bound, check_bounds
+from study.config.errors import ConfigError
+from study.config.identity import ADDED_LATER, DATA_FILES, NON_IDENTITY, file_digest, flatten, to_dict, trial_id
+from study.config.loading import (
+    absolute_data_path,
+    allowed_keys,
+    build_trial,
+    check_data,
+    describe_error,
+    load_trial,
+    load_yaml,
+    merge,
+    parse_overrides,
+    resolve_data_paths,
+    set_dotted,
+)
+from study.config.names import STUDY_NAME, check_study_name, is_study_name
+from study.config.schema import (
+    RULES,
+    TASK_ONLY,
+    CarryConfig,
+    EvalConfig,
+    HaltingConfig,
+    ModelConfig,
+    Placement,
+    Rule,
+    TaskConfig,
+    TaskName,
+    TrainConfig,
+    TrialConfig,
+)
+
+__all__ = [
+    "ADDED_LATER", "DATA_FILES", "MAX_DEPTH_LAYERS", "NON_IDENTITY", "RULES", "STUDY_NAME", "TASK_ONLY", "Bound",
+    "CarryConfig", "ConfigError", "EvalConfig", "HaltingConfig", "ModelConfig", "Placement", "Rule", "TaskConfig",
+    "TaskName", "TrainConfig", "TrialConfig", "absolute_data_path", "allowed_keys", "build_trial", "check_bounds",
+    "check_data", "check_study_name", "describe_error", "file_digest", "flatten", "is_study_name", "load_trial",
+    "load_yaml", "merge", "parse_overrides", "resolve_data_paths", "set_dotted", "to_dict", "trial_id",
+]

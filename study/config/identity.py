@@ -1,0 +1,81 @@
+"""Trial identity: a trial id is a short hash of the fully resolved config (seed included), without the fields that
+cannot change results, with data files entering by content. Stored results are found again by this id, so the
+rules here decide when a study re-runs a trial."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+from typing import Any
+
+from study.config.errors import ConfigError
+from study.config.schema import TrialConfig
+
+# Fields that do not change a trial's results, so they stay out of its identity.
+NON_IDENTITY = {("task", "cache_dir"), ("train", "log_every"), ("train", "checkpoint_every"), ("train", "threads")}
+# Fields added after results were stored, with the value that reproduces the behaviour from before them: left out
+# of the hash while they hold it, so a new knob does not give every stored trial a new id (and re-run it). Add a
+# field here whenever one joins a config section.
+ADDED_LATER: dict[tuple[str, str], Any] = {
+    ("eval", "tau"): None, ("eval", "gamma"): None, ("eval", "compile"): None, ("eval", "readout"): "last",
+    ("model", "recall"): True, ("model", "pos"): "learned", ("train", "progressive"): 0.0,
+    ("task", "min_length"): None, ("task", "test_lengths"): None, ("task", "test_size"): None,
+}
+
+
+def to_dict(cfg: TrialConfig) -> dict[str, Any]:
+    return json.loads(json.dumps(dataclasses.asdict(cfg)))
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{'model': {'carry': {'rule': x}}} -> {'model.carry.rule': x}."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+@functools.lru_cache(maxsize=256)
+def _file_digest(path: str, size: int, mtime_ns: int) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def file_digest(path: str) -> str:
+    """sha256 of a data file's bytes (cached per path, size and mtime: a 10,000-trial study hashes it once)."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise ConfigError(f"data file {path}: {e.strerror}") from None
+    return _file_digest(os.path.abspath(path), st.st_size, st.st_mtime_ns)
+
+
+# Config fields that name data files: a trial's identity holds their contents, not their paths (edit the CSV and
+# the trials are new; move it and they are the same).
+DATA_FILES = (("task", "csv"), ("task", "test_csv"))
+
+
+def trial_id(cfg: TrialConfig) -> str:
+    """Short hash of the resolved config (seed included), without fields that cannot change results; data files
+    enter by content."""
+    d = to_dict(cfg)
+    for section, name in NON_IDENTITY:
+        d[section].pop(name, None)
+    for section, name in DATA_FILES:
+        if d[section].get(name):
+            d[section][name] = "sha256:" + file_digest(d[section][name])
+    for (section, name), before in ADDED_LATER.items():
+        if d[section].get(name, before) == before:
+            d[section].pop(name, None)
+    d.pop("label", None)
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]

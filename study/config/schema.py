@@ -1,0 +1,314 @@
+"""The trial configuration schema: one pydantic dataclass per section (task, model, train, eval), each forbidding
+unknown keys, with every allowed range declared beside its field (study.config.bounds) and the few rules that
+tie fields together in __post_init__. Torch-free, so analysis and spec checks never import torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import field
+from typing import Annotated, Literal, get_args
+
+from pydantic.dataclasses import dataclass as pdataclass
+
+from study.config.bounds import MAX_DEPTH_LAYERS, Bound, check_bounds
+from study.tasks import TASKS
+
+TaskName = Literal[tuple(TASKS)]  # every module in study/tasks/ with a TASK
+Rule = Literal["carry_last", "infiloop", "full_attnres", "damped"]
+Placement = Literal["none", "inner", "outer", "both"]
+RULES = get_args(Rule)
+Unit = Annotated[float, Bound(ge=0, lt=1)]  # FPRM's a1, a2 initialisations
+
+@pdataclass(config={"extra": "forbid"})
+class CarryConfig:
+    """The loop rule and where it goes. Axes not named by `placement` use carry_last.
+
+    reset_inner: whether the inner axis's InfiLoop accumulators (log D, h) restart at every outer cycle. Default
+    False: the inner axis keeps one decayed history over the whole rollout. Resetting would make the first inner
+    step of each cycle a hard carry-last (gamma = 1) and throw away the accumulated evidence.
+    """
+
+    rule: Rule = "carry_last"
+    placement: Placement = "both"
+    beta_init: Annotated[float, Bound(gt=0)] = 0.55
+    learn_beta: bool = True
+    content_score: bool = True
+    clip: Annotated[float, Bound(gt=0)] = 8.0
+    reset_inner: bool = False
+
+    def __post_init__(self):
+        check_bounds("model.carry", self)
+
+    def rule_for(self, axis: str) -> str:
+        """The rule applied on `axis` ('inner', 'outer' or 'flat')."""
+        if axis == "flat":
+            return self.rule
+        return self.rule if self.placement in (axis, "both") else "carry_last"
+
+# Halting's threshold and FPOpt's decay, in training and as test-time overrides (EvalConfig): one statement each.
+Tau = Annotated[float, Bound(gt=0)]
+Gamma = Annotated[float, Bound(gt=0, le=1)]
+
+
+@pdataclass(config={"extra": "forbid"})
+class HaltingConfig:
+    """enabled: halted samples freeze (state and effective layers). FPOpt's eta runs either way (damped rule)."""
+
+    enabled: bool = False
+    tau: Tau = 0.1
+    gamma: Gamma = 0.9
+    patience: Annotated[int, Bound(ge=1)] = 5
+    eta0: Annotated[float, Bound(gt=0, le=1)] = 1.0
+    eta_min: Annotated[float, Bound(ge=0)] = 1e-3
+    eps: Annotated[float, Bound(gt=0)] = 1e-6
+
+    def __post_init__(self):
+        check_bounds("model.halting", self)
+
+
+@pdataclass(config={"extra": "forbid"})
+class ModelConfig:
+    """Everything that defines a reasoner except the task's vocab, length and grid (known at build time).
+
+    H: steps per update (outer cycles for nested, iterations for flat). L: inner cycles (nested only).
+    grad_steps: steps per update that get gradient (TRM: 1; FPRM's truncated BPTT: k = 6; = H with train.n_sup 1:
+    the loss at the last iteration with gradient through all of them, as Deep Thinking trains).
+    recall: the input is re-injected at every step (TRM, FPRM, DT "recall"); False: it enters the initial state
+    only (DT without recall, the architecture that overthinks). pos: learned absolute positions, or none (the
+    conv's locality alone orders tokens; the model then reads other lengths / board sides at test time).
+    """
+
+    kind: Literal["nested", "flat"] = "nested"
+    hidden: Annotated[int, Bound(ge=1, most=16_384)] = 64
+    heads: Annotated[int, Bound(ge=1, most=1_024)] = 4
+    n_layers: Annotated[int, Bound(ge=1, most=1_024)] = 2
+    expansion: Annotated[float, Bound(gt=0)] = 4.0
+    norm: Literal["pre", "post"] = "post"
+    conv: bool = True
+    residual_scaling: bool = False
+    a1_init: Unit = 0.75
+    a2_init: Unit = 0.25
+    H: Annotated[int, Bound(ge=1)] = 3
+    L: Annotated[int, Bound(ge=1)] = 6
+    grad_steps: Annotated[int, Bound(ge=1)] = 1
+    recall: bool = True
+    pos: Literal["learned", "none"] = "learned"
+    carry: CarryConfig = field(default_factory=CarryConfig)
+    halting: HaltingConfig = field(default_factory=HaltingConfig)
+
+    def __post_init__(self):
+        check_bounds("model", self)
+        if self.layers_per_update > MAX_DEPTH_LAYERS:
+            raise ValueError(f"model.H={self.H}, model.L={self.L}, model.n_layers={self.n_layers} make "
+                             f"{self.layers_per_update} layers per update; at most {MAX_DEPTH_LAYERS} are allowed")
+        if self.grad_steps > self.H:
+            raise ValueError(f"model.grad_steps={self.grad_steps} is not allowed; it must be <= model.H={self.H}")
+        if self.hidden % self.heads:
+            raise ValueError(f"model.hidden={self.hidden} must be divisible by model.heads={self.heads}")
+        if self.residual_scaling and self.norm != "pre":
+            raise ValueError("model.residual_scaling=True needs model.norm='pre' (FPRM's pre-norm scaling)")
+        if self.pos == "none" and not self.conv:
+            raise ValueError("model.pos=none needs model.conv=true: without positions the conv's locality is the "
+                             "only order the model sees")
+
+    @property
+    def layers_per_step(self) -> int:
+        """Executed layers per outer cycle (nested) or per iteration (flat)."""
+        return (self.L + 1) * self.n_layers if self.kind == "nested" else self.n_layers
+
+    @property
+    def layers_per_update(self) -> int:
+        return self.H * self.layers_per_step
+
+    def steps_for_depth(self, depth_layers: int, what: str = "depth") -> int:
+        """Whole steps that execute exactly `depth_layers` layers; ValueError naming the nearest valid depths."""
+        per = self.layers_per_step
+        if depth_layers < per or depth_layers % per:
+            lo = (depth_layers // per) * per
+            nearest = [v for v in (lo, lo + per) if v >= per]
+            raise ValueError(
+                f"{what}={depth_layers} layers is not a whole number of "
+                f"{'outer cycles' if self.kind == 'nested' else 'iterations'} of {per} layers "
+                f"(L={self.L}, n_layers={self.n_layers}); nearest valid depths: {nearest}"
+            )
+        return depth_layers // per
+
+
+# Task settings only some tasks read: set for another task, they are refused rather than silently ignored.
+TASK_ONLY = {"test_size": ("maze",), "min_length": ("prefix_sums",), "test_lengths": ("prefix_sums",)}
+
+
+@pdataclass(config={"extra": "forbid"})
+class TaskConfig:
+    """name: sudoku | maze | state_tracking | prefix_sums. size: board side (sudoku 4/6/9, maze N); test_size: a
+    maze side for the test set (extrapolation: train small, test larger). blanks: [min, max] blanks per sudoku
+    (test_blanks: another range for the test set). length: sequence length (state tracking; prefix sums: the
+    longest training string, min_length the shortest); test_lengths: prefix-sum test lengths (default: length).
+    csv / test_csv: Sudoku-Extreme files instead of generated puzzles (relative paths are read against the spec's
+    folder; a trial's identity holds their contents); with csv and no test_csv the last n_test of the first
+    n_train + n_test puzzles of csv are held out as the test set. data_seed fixes the data for every trial seed
+    (the trial seed drives init and order)."""
+
+    name: TaskName = "sudoku"
+    size: int = 4
+    blanks: tuple[int, int] = (8, 10)
+    test_blanks: tuple[int, int] | None = None
+    min_path: int = 10
+    loop_frac: Annotated[float, Bound(ge=0, le=1)] = 0.1
+    group: Literal["S5", "A5"] = "A5"
+    length: Annotated[int, Bound(ge=1, most=100_000)] = 16
+    min_length: Annotated[int | None, Bound(ge=1)] = None
+    test_lengths: list[int] | None = None
+    test_size: Annotated[int | None, Bound(ge=1, most=1_000)] = None
+    n_train: Annotated[int, Bound(ge=1, most=10_000_000)] = 2000
+    n_test: Annotated[int, Bound(ge=1, most=1_000_000)] = 256
+    data_seed: int = 0
+    augment: bool = True
+    csv: str | None = None
+    test_csv: str | None = None
+    cache_dir: str | None = None
+
+    def __post_init__(self):
+        for key, tasks in TASK_ONLY.items():
+            if getattr(self, key) is not None and self.name not in tasks:
+                raise ValueError(f"task.{key} is for {', '.join(tasks)}; task.name is {self.name!r}")
+        check_bounds("task", self)
+        TASKS[self.name].check(self)
+        for key in ("csv", "test_csv"):
+            path = getattr(self, key)
+            if path is None:
+                continue
+            if not TASKS[self.name].reads_csv:
+                readers = [t for t, d in TASKS.items() if d.reads_csv]
+                raise ValueError(f"task.{key} is for {', '.join(readers)} (Sudoku-Extreme's CSV format); task.name "
+                                 f"is {self.name!r}")
+            if not os.path.isfile(path):
+                what = "is a folder, not a file" if os.path.isdir(path) else "does not exist"
+                raise ValueError(f"task.{key}={path!r} {what}")
+        if self.test_csv and not self.csv:
+            raise ValueError("task.test_csv needs task.csv (the training puzzles) as well")
+
+
+@pdataclass(config={"extra": "forbid"})
+class TrainConfig:
+    """steps: optimizer steps (each batch gives n_sup of them). device/dtype: 'cpu'|'cuda', 'fp32'|'bf16'.
+    progressive: Deep Thinking's progressive loss weight alpha (Bansal et al. 2022): the loss is (1 - alpha) x the
+    loss after the update's H steps + alpha x the loss after k steps with gradient that start from n steps run
+    without it (n uniform in 0..H-1, k in 1..H-n), which teaches the step to improve any partial state instead of
+    counting iterations. 0: off. Needs n_sup 1."""
+
+    steps: Annotated[int, Bound(ge=1, most=10_000_000)] = 600
+    batch_size: Annotated[int, Bound(ge=1, most=1_000_000)] = 64
+    lr: Annotated[float, Bound(gt=0)] = 1e-3
+    weight_decay: Annotated[float, Bound(ge=0)] = 0.1
+    betas: Annotated[tuple[float, float], Bound(ge=0, lt=1)] = (0.9, 0.95)
+    warmup: Annotated[int, Bound(ge=0)] = 50
+    n_sup: Annotated[int, Bound(ge=1, most=1_024)] = 4
+    grad_clip: Annotated[float, Bound(ge=0)] = 1.0
+    ema: Annotated[float, Bound(ge=0, lt=1)] = 0.999
+    loss: Literal["softmax", "stablemax"] = "softmax"
+    device: str = "cpu"
+    dtype: Literal["fp32", "bf16"] = "fp32"
+    threads: Annotated[int, Bound(ge=0)] = 0  # torch CPU threads; 0 leaves torch's default
+    log_every: Annotated[int, Bound(ge=1)] = 50
+    checkpoint_every: Annotated[int, Bound(ge=0)] = 0  # batches between checkpoints; 0: only at the end
+    progressive: Annotated[float, Bound(ge=0, le=1)] = 0.0
+
+    def __post_init__(self):
+        check_bounds("train", self)
+        if self.progressive and self.n_sup != 1:
+            raise ValueError(f"train.progressive={self.progressive} needs train.n_sup=1 (Deep Thinking trains one "
+                             f"update per batch); got train.n_sup={self.n_sup}")
+        if not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise ValueError(f"train.device={self.device!r} is not allowed; use 'cpu' or 'cuda[:N]'")
+
+
+@pdataclass(config={"extra": "forbid"})
+class EvalConfig:
+    """depths: executed layers at which to read accuracy (each a whole number of outer cycles / iterations).
+    H, L: evaluate with other cycle counts than training (the papers evaluate H6 L12); None keeps training's.
+    halting: override model.halting.enabled; tau, gamma: override model.halting.tau / .gamma at test time only
+    (FPRM's code evaluates with gamma 0.99; a test-time tau sweep needs no retraining of the halting rule).
+    stability: (u1, u2) updates. perturb_update: update at which the state is perturbed (None: no perturbation
+    test). compile: torch.compile the step of the evaluation rollout ("reduce-overhead", i.e. CUDA graphs, on a
+    GPU); same numbers, less per-step overhead, a one-off compile cost. readout: the prediction a depth reading
+    scores: the current step's (last), or per sample the most confident step's so far (max_conf: mean over the
+    input's tokens of the top softmax probability; a label-free baseline against overthinking)."""
+
+    depths: Annotated[list[int] | None, Bound(ge=1)] = None
+    H: Annotated[int | None, Bound(ge=1)] = None
+    L: Annotated[int | None, Bound(ge=1)] = None
+    halting: bool | None = None
+    tau: Tau | None = None
+    gamma: Gamma | None = None
+    n_test: Annotated[int | None, Bound(ge=1)] = None
+    batch_size: Annotated[int, Bound(ge=1, most=1_000_000)] = 256
+    stability: tuple[int, int] | None = None
+    align_window: Annotated[int, Bound(ge=1)] = 6
+    perturb_update: Annotated[int | None, Bound(ge=1)] = None
+    perturb_eps: Annotated[list[float], Bound(ge=0)] = field(default_factory=lambda: [0.0, 1e-4, 1e-3, 1e-2, 0.1, 0.3])
+    perturb_updates: Annotated[int, Bound(ge=1)] = 36
+    perturb_n: Annotated[int, Bound(ge=1)] = 64
+    compile: bool | None = None  # torch.compile the rollout step (CUDA graphs on a GPU); None/False: eager
+    readout: Literal["last", "max_conf"] = "last"
+
+    def __post_init__(self):
+        check_bounds("eval", self)
+        if self.depths is not None and not self.depths:
+            raise ValueError("eval.depths=[] is not allowed; give positive layer counts (or leave it unset)")
+        if self.stability is not None and not 0 < self.stability[0] < self.stability[1]:
+            raise ValueError(f"eval.stability={list(self.stability)} is not allowed; need 0 < u1 < u2")
+
+    def model_config(self, trained: ModelConfig) -> ModelConfig:
+        """The configuration the evaluation runs: training's with H, L and halting (on/off, tau, gamma) overridden."""
+        changes = {k: getattr(self, k) for k in ("H", "L") if getattr(self, k) is not None}
+        halting = {k: v for k, v in (("enabled", self.halting), ("tau", self.tau), ("gamma", self.gamma))
+                   if v is not None}
+        if halting:
+            changes["halting"] = dataclasses.replace(trained.halting, **halting)
+        if changes.get("H") is not None and trained.grad_steps > changes["H"]:
+            changes["grad_steps"] = changes["H"]
+        return dataclasses.replace(trained, **changes)
+
+    def resolved_depths(self, cfg: ModelConfig) -> list[int]:
+        """The depth targets, checked against cfg; default: 1, 2, 4 and 8 updates."""
+        depths = self.depths or [cfg.layers_per_update * k for k in (1, 2, 4, 8)]
+        for d in depths:
+            cfg.steps_for_depth(d, "eval.depths")
+        # the diagnostics roll out to their own updates too: the same cap holds for them
+        for key, update in (("eval.stability", self.stability and self.stability[1]),
+                            ("eval.perturb_update + eval.perturb_updates",
+                             self.perturb_update and self.perturb_update + self.perturb_updates)):
+            if update and update * cfg.layers_per_update > MAX_DEPTH_LAYERS:
+                raise ValueError(f"{key} reaches update {update} = {update * cfg.layers_per_update} layers; at most "
+                                 f"{MAX_DEPTH_LAYERS} layers are allowed")
+        if max(depths) > MAX_DEPTH_LAYERS:
+            raise ValueError(f"eval.depths={max(depths)} layers is not allowed; at most {MAX_DEPTH_LAYERS} "
+                             "(4x the papers' deepest reading, 24,960)")
+        return sorted(set(depths))
+
+
+@pdataclass(config={"extra": "forbid"})
+class TrialConfig:
+    task: TaskConfig = field(default_factory=TaskConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    seed: int = 0
+    label: str = ""  # the sweep variant's name; a display name, not part of the trial's identity
+
+    def __post_init__(self):
+        # depth targets must be whole outer cycles of the *evaluated* model: fail before training starts
+        self.eval.resolved_depths(self.eval.model_config(self.model))
+        spec = TASKS[self.task.name].spec(self.task)
+        if self.model.pos == "learned" and spec.test_shape_differs:
+            shape = spec.test_grid if len(spec.grid) > 1 else f"{spec.test_seq_len} tokens"
+            raise ValueError(f"the test inputs ({shape}) are larger than training's ({spec.grid}) and model.pos="
+                             "learned has no positions for them; set model.pos=none")
+        if self.eval.n_test is not None and self.eval.n_test > self.task.n_test:
+            raise ValueError(f"eval.n_test={self.eval.n_test} is not allowed; the task has task.n_test="
+                             f"{self.task.n_test} test samples")
+
+

@@ -1,0 +1,128 @@
+"""Evaluation at test-time depth (methods.md sections 6-7): `evaluate(model, task, cfg) -> EvalResult`.
+
+One rollout per batch to the deepest target, with a reading each time the rollout passes a target depth
+(`rollout`); per update along the way, the records the diagnostics read (`diagnostics`); and the perturbation test
+from a snapshot of the first batch (`perturbation`).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from study.config import EvalConfig
+from study.evaluate.diagnostics import Trajectory, dynamics_rows, stability
+from study.evaluate.perturbation import perturbation_rows
+from study.evaluate.rollout import BatchReadings, Reading, RolloutPlan, batch_slices, infiloop_axes, rollout_batch
+from study.models.reasoner import Reasoner, build_reasoner
+from study.rows import DepthRow, DynamicsRow, PerturbationRow
+from study.tasks import TASKS, Split, accuracies
+from study.tasks.loader import Task
+
+__all__ = ["BatchReadings", "DepthRow", "DynamicsRow", "EvalResult", "PerturbationRow", "Reading", "RolloutPlan",
+           "Trajectory", "batch_slices", "dynamics_rows", "evaluate", "rollout_batch", "stability"]
+
+
+@dataclass
+class EvalResult:
+    depth: list[DepthRow]
+    dynamics: list[DynamicsRow]
+    perturbation: list[PerturbationRow]
+
+
+def evaluated_model(model: Reasoner, task: Task, cfg: EvalConfig, device: str) -> Reasoner:
+    """The model the evaluation runs: the trained weights under eval's cycle counts / halting (a new module only
+    when they differ), on `device`, with the step compiled when eval.compile asks (on a shallow copy, so the
+    caller's model keeps its own step)."""
+    mcfg = cfg.model_config(model.cfg)
+    if mcfg != model.cfg:
+        spec = task.spec
+        evm = build_reasoner(mcfg, spec.vocab, spec.seq_len, spec.grid)
+        evm.load_state_dict(model.state_dict())
+        model = evm
+    model = model.to(device).eval()
+    if cfg.compile:
+        model = copy.copy(model)
+        model.step = torch.compile(model.step, mode="reduce-overhead" if device.startswith("cuda") else None)
+    return model
+
+
+def make_plan(model: Reasoner, cfg: EvalConfig, pad: int | None) -> RolloutPlan:
+    """What every batch's rollout reads: each target depth's step, the updates the dynamics trace (at least one,
+    and through eval.stability's u2), the perturbation snapshot's step."""
+    mcfg = model.cfg
+    target_steps = {mcfg.steps_for_depth(d): d for d in cfg.resolved_depths(mcfg)}
+    H = mcfg.H
+    last_update = max(1, max(target_steps) // H, cfg.stability[1] if cfg.stability else 0)
+    return RolloutPlan(total_steps=max(max(target_steps), last_update * H), target_steps=target_steps, H=H,
+                       last_update=last_update, axes=infiloop_axes(model),
+                       perturb_step=cfg.perturb_update * H if cfg.perturb_update else None, perturb_n=cfg.perturb_n,
+                       readout=cfg.readout, pad=pad)
+
+
+@torch.no_grad()
+def evaluate(model: Reasoner, task: Task, cfg: EvalConfig, device: str = "cpu",
+             on_progress: Callable[[int, int], None] | None = None, dtype: str = "fp32") -> EvalResult:
+    """Readings at every target depth from one rollout per batch, plus the diagnostics.
+
+    on_progress(done, total) is called after every step, counting steps over all batches (a rollout to 24,960
+    layers is minutes on a CPU: callers turn this into progress reports). dtype 'bf16' runs the rollouts under
+    bfloat16 autocast, as training did.
+    """
+    model = evaluated_model(model, task, cfg, device)
+    amp = torch.autocast("cuda" if device.startswith("cuda") else "cpu", dtype=torch.bfloat16,
+                         enabled=dtype == "bf16")
+    plan = make_plan(model, cfg, task.spec.pad)
+    data = task.test if cfg.n_test is None else task.test.take(slice(0, cfg.n_test))
+    batches = batch_slices(data, cfg.batch_size, task.spec.pad)
+    later = dataclasses.replace(plan, perturb_step=None)  # the perturbation test uses the first batch only
+    got: list[BatchReadings] = []
+    for b, rows in enumerate(batches):
+        def progress(step: int, b: int = b) -> None:
+            on_progress(b * plan.total_steps + step, len(batches) * plan.total_steps)
+
+        with amp:
+            got.append(rollout_batch(model, data.take(rows), plan if b == 0 else later, device,
+                                     progress if on_progress is not None else None))
+    depth_rows = depth_table({d: [g.readings[d] for g in got] for d in plan.target_steps.values()}, data,
+                             plan.target_steps)
+    traj = trajectory([g.part for g in got], data, TASKS[task.cfg.name].free_cells(data), plan.axes)
+    dynamics = dynamics_rows(traj, plan.axes or ["none"], cfg)
+    perturbation = []
+    if got[0].snapshot is not None:
+        with amp:
+            perturbation = perturbation_rows(model, *got[0].snapshot, cfg)
+    return EvalResult(depth_rows, dynamics, perturbation)
+
+
+def trajectory(parts: list[dict[str, np.ndarray]], data: Split, free: np.ndarray, axes: list[str]) -> Trajectory:
+    """The batches' per-update records joined over the evaluation set."""
+    def joined(key: str) -> np.ndarray:
+        return np.concatenate([p[key] for p in parts], 1)
+
+    return Trajectory(preds=joined("preds"), labels=data.labels, free=free,
+                      gamma={a: joined(f"gamma_{a}") for a in axes}, score={a: joined(f"score_{a}") for a in axes},
+                      residual=joined("residual"), eta=joined("eta"))
+
+
+def depth_table(readings: dict[int, list[Reading]], data: Split, target_steps: dict[int, int]) -> list[DepthRow]:
+    """One row per depth for all samples and one per difficulty: accuracy, halted share, executed layers."""
+    rows = []
+    steps_of = {d: s for s, d in target_steps.items()}
+    for depth, parts in readings.items():
+        pred = np.concatenate([p.pred for p in parts])
+        halted = np.concatenate([p.halted for p in parts])
+        eff = np.concatenate([p.eff_layers for p in parts])
+        exact, cell = accuracies(pred, data.labels)
+        cycles = steps_of[depth]  # outer cycles (nested) or iterations (flat)
+        groups = [(None, np.ones(len(pred), bool))]
+        groups += [(int(d), data.difficulty == d) for d in np.unique(data.difficulty)]
+        for diff, m in groups:
+            rows.append(DepthRow(depth, cycles, diff, int(m.sum()), float(exact[m].mean()), float(cell[m].mean()),
+                                 float(halted[m].mean()), float(eff[m].mean())))
+    return rows

@@ -1,0 +1,97 @@
+"""The rows every trial stores, one dataclass per results table: the one definition of each table's columns.
+
+The store builds its Parquet schemas from these fields (study.store.schema); training and evaluation fill them.
+Torch-free, so readers of the store never import a model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+
+@dataclass
+class TrainLog:
+    """One logged training step (table train_curve)."""
+
+    step: int
+    loss: float
+    cell_acc: float
+    exact_acc: float
+    lr: float
+    seconds: float
+
+
+@dataclass
+class DepthRow:
+    """Accuracy at one test-time depth (table depth_eval); difficulty None: all samples."""
+
+    depth_layers: int
+    outer_cycles: int
+    difficulty: int | None
+    n: int
+    exact_acc: float
+    cell_acc: float
+    halted_frac: float
+    eff_layers: float
+
+
+@dataclass
+class DynamicsRow:
+    """Loop dynamics (table dynamics). kind: 'update' (per update), 'stability' (u1 -> u2 summary; update = u2,
+    from_update = u1), 'aligned' (gamma around the solving update; offset), 'score_vs_wrong' (score by wrong
+    cells)."""
+
+    kind: str
+    axis: str
+    update: int | None = None
+    from_update: int | None = None
+    offset: int | None = None
+    wrong_cells: float | None = None
+    gamma_mean: float | None = None
+    gamma_p10: float | None = None
+    gamma_p90: float | None = None
+    score_median: float | None = None
+    score_p25: float | None = None
+    score_p75: float | None = None
+    changed: float | None = None
+    wrong_delta: float | None = None
+    flipped: float | None = None
+    solved: float | None = None
+    lost: float | None = None
+    residual_mean: float | None = None
+    eta_mean: float | None = None
+    n: int = 0
+
+
+@dataclass
+class PerturbationRow:
+    """Recovery after a perturbation of relative size eps at an update (table perturbation)."""
+
+    eps: float
+    update: int
+    updates_after: int
+    n_solved: int
+    solved_kept: float | None  # None when no puzzle was solved at the perturbed update
+    rel_distance: float
+
+
+@dataclass
+class TrialRecord:
+    """What the trials table holds about a run besides its config columns and summary metrics
+    (study.metrics.METRICS): written last, so its presence marks the trial's results complete."""
+
+    status: str
+    params: int
+    started: datetime
+    ended: datetime
+    wall_s: float
+    device: str
+    package_version: str
+    git_commit: str | None
+    node: str | None
+
+
+# table name -> the row dataclass of its measured rows (the trials table is TrialRecord + metrics + config)
+ROWS: dict[str, type] = {"train_curve": TrainLog, "depth_eval": DepthRow, "dynamics": DynamicsRow,
+                         "perturbation": PerturbationRow}

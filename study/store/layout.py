@@ -1,0 +1,55 @@
+"""Where everything lives under a results root: the one statement of the store's path layout.
+
+    <root>/<table>/study=<name>/<trial_id>.parquet   a trial's rows of one table
+    <root>/<table>/study=<name>/_compacted.parquet   a study's compacted trials (loopstudy compact)
+    <root>/_studies/<name>.yaml                      the spec a study was last run with
+    <root>/_compacting/<name>.json                   per-trial files a running compaction is removing
+    <root>/_tune/<name>/                             Ray Tune's experiment state (checkpoints, resume)
+
+Folders starting with '_' and files starting with '.' (writes in flight) are never read as table rows.
+"""
+
+from __future__ import annotations
+
+import re
+
+COMPACTED = "_compacted.parquet"
+TRIAL_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*\.parquet")  # <trial_id>.parquet: what a trial writes
+STUDY_DIR_PREFIX = "study="
+
+
+def table_dir(root: str, table: str, study: str) -> str:
+    return f"{root}/{table}/{STUDY_DIR_PREFIX}{study}"
+
+
+def trial_file(root: str, table: str, study: str, trial_id: str) -> str:
+    return f"{table_dir(root, table, study)}/{trial_id}.parquet"
+
+
+def compacted_file(root: str, table: str, study: str) -> str:
+    return f"{table_dir(root, table, study)}/{COMPACTED}"
+
+
+def file_trial_id(path: str) -> str:
+    """The trial id a trial file is named for: `.../<trial_id>.parquet` -> `<trial_id>`."""
+    return path.rsplit("/", 1)[-1].removesuffix(".parquet")
+
+
+def study_of_dir(name: str) -> str | None:
+    """`study=<name>` -> `<name>`; None for a folder that is not a study partition."""
+    return name[len(STUDY_DIR_PREFIX):] if name.startswith(STUDY_DIR_PREFIX) else None
+
+
+def spec_file(study: str) -> str:
+    """The saved spec of a study, relative to the root."""
+    return f"_studies/{study}.yaml"
+
+
+def compacting_marker(study: str) -> str:
+    """A running compaction's list of doomed per-trial files, relative to the root."""
+    return f"_compacting/{study}.json"
+
+
+def tune_dir(root: str) -> str:
+    """Where Tune keeps experiment state: beside the tables, ignored by readers."""
+    return f"{root.rstrip('/')}/_tune"

@@ -1,0 +1,66 @@
+"""Which files of a table belong to which study: the listing rule every read and every completeness check uses.
+
+Only `<table>/study=<name>/<trial_id>.parquet` and `<table>/study=<name>/_compacted.parquet` count. Anything else
+(a stray copy such as `<id> (1).parquet`, a `backup/` folder, a folder whose name breaks the study-name rule)
+would count a trial twice: it is named on stderr and left out. Dot-files (writes in flight) are passed over.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pyarrow.fs as pafs
+
+from study.config import check_study_name, is_study_name
+from study.store.files import Entry, Root
+from study.store.integrity import has_parquet_tail, sound
+from study.store.layout import COMPACTED, TRIAL_FILE, file_trial_id, study_of_dir, table_dir
+from study.store.schema import TABLES, schema
+
+
+def studies(root: Root) -> list[str]:
+    """Studies with at least one file in any table (folders whose name breaks the study-name rule are not)."""
+    found: set[str] = set()
+    for table in TABLES:
+        for info in root.fs.get_file_info(pafs.FileSelector(f"{root.root}/{table}", allow_not_found=True)):
+            name = study_of_dir(info.base_name)
+            if info.type == pafs.FileType.Directory and name is not None and is_study_name(name):
+                found.add(name)
+    return sorted(found)
+
+
+def list_table(root: Root, table: str, study: str | None) -> tuple[list[Entry], list[Entry]]:
+    """(trial files, compacted files) of the table, one study or all, with size and mtime, sorted by path."""
+    schema(table)  # validates the table name
+    base = table_dir(root.root, table, check_study_name(study)) if study is not None else f"{root.root}/{table}"
+    trial, compacted = [], []
+    for entry in root.entries(base, recursive=study is None):
+        if entry.base_name.startswith(".") or (not entry.is_file and study is None):
+            continue
+        if study is not None:  # listed in the study's own folder: only the file name is in question
+            in_place = entry.is_file
+        else:
+            parts = entry.path[len(base) + 1:].split("/")
+            name = study_of_dir(parts[0]) or ""
+            in_place = len(parts) == 2 and is_study_name(name)
+        if in_place and entry.base_name == COMPACTED:
+            compacted.append(entry)
+        elif in_place and TRIAL_FILE.fullmatch(entry.base_name):
+            trial.append(entry)
+        else:
+            root.warn(entry.path, "not a trial file (<table>/study=<name>/<trial_id>.parquet)")
+    return sorted(trial, key=lambda i: i.path), sorted(compacted, key=lambda i: i.path)
+
+
+def sound_trial_ids(root: Root, table: str, study: str) -> set[str]:
+    """Ids of the study's per-trial files in `table` that pass the cheap soundness check. Locally a fast path for
+    the driver's once-per-run count: names from scandir (no stat per file), then has_parquet_tail."""
+    if not root.local:
+        return {file_trial_id(i.base_name) for i in list_table(root, table, study)[0] if sound(root, i)}
+    d = table_dir(root.root, table, study)
+    try:
+        with os.scandir(d) as it:
+            names = [e.name for e in it if TRIAL_FILE.fullmatch(e.name)]
+    except (FileNotFoundError, NotADirectoryError):
+        return set()
+    return {file_trial_id(name) for name in names if has_parquet_tail(f"{d}/{name}")}
