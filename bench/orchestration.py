@@ -32,7 +32,8 @@ def main() -> None:
 
     from ray import tune
 
-    from study.launch import init_ray, progress_callback
+    from study.launch import init_ray
+    from study.progress import Progress
 
     init_ray(None, num_cpus=args.cpus)
     with tempfile.TemporaryDirectory() as root:
@@ -42,7 +43,7 @@ def main() -> None:
             tune_config=tune.TuneConfig(metric="objective", mode="max", reuse_actors=args.reuse_actors),
             run_config=tune.RunConfig(name="overhead", storage_path=root, verbose=0,
                                       failure_config=tune.FailureConfig(max_failures=2),
-                                      callbacks=[progress_callback("overhead", args.trials, "max")]),
+                                      callbacks=[Progress("overhead", args.trials, "max")]),
         )
         t0 = time.perf_counter()
         grid = tuner.fit()

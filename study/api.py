@@ -22,6 +22,7 @@ from study.analysis.figures import plot
 from study.analysis.importance import importance
 from study.analysis.report import report
 from study.analysis.tables import build_table, config_columns, list_studies, sql, widen
+from study.metrics import DEFAULT_METRIC
 from study.store import TABLES, Store
 
 
@@ -72,7 +73,7 @@ class Results:
         """Polars SQL over every table, as `loopstudy query`."""
         return sql(self.store, query, study, self.skip_bad)
 
-    def importance(self, study: str, metric: str = "final_exact_acc", evaluator: str = "fanova") -> pl.DataFrame:
+    def importance(self, study: str, metric: str = DEFAULT_METRIC, evaluator: str = "fanova") -> pl.DataFrame:
         """Which swept knob matters most for `metric`, by Optuna's evaluators, as `loopstudy importance`."""
         return importance(self.store, study, metric, evaluator, self.skip_bad)
 

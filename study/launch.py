@@ -4,8 +4,8 @@ Grid studies: the spec expands to resolved trial configs; those already complete
 go to Tune as one grid_search over the configs (as JSON text). Optuna studies: OptunaSearch samples the dotted keys
 of its space on top of the base config. Each trial is study.trainable.trainable: it runs study.trial.run_trial,
 writes its own rows to the store, checkpoints through Tune every train.checkpoint_every batches and resumes from
-the last checkpoint when its node died (FailureConfig). This module also checks the cluster and storage, prints
-progress, resumes a dead driver's study (Tuner.restore) and submits studies as Ray Jobs.
+the last checkpoint when its node died (FailureConfig). This module also checks the cluster and storage, resumes
+a dead driver's study (Tuner.restore) and submits studies as Ray Jobs; study.progress prints the progress lines.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from urllib.parse import urlparse
 
 from study.config import ConfigError, build_trial, to_dict, trial_id
 from study.console import eprint
+from study.metrics import DEFAULT_METRIC
 from study.paths import is_uri, resolve_root
 from study.spec import Study, check_resources
 from study.store import Store
@@ -26,7 +27,6 @@ from study.store.layout import spec_file, tune_dir
 from study.trainable import trainable
 
 COMPACT_AT = 500  # per-trial files per table at which a finished run compacts its study (loopstudy run --compact-at)
-STATUS_EVERY_S = 30.0  # the driver prints what the running trials are doing at most this often
 
 
 # -- cluster and storage checks ----------------------------------------------------------------------------------------
@@ -96,69 +96,6 @@ def storage_root(study: Study, override: str | None) -> str:
     return resolve_root(override or study.spec.storage)
 
 
-# -- progress ----------------------------------------------------------------------------------------------------------
-def progress_callback(study_name: str, total: int, mode: str, status_every_s: float = STATUS_EVERY_S):
-    from ray.tune import Callback
-
-    class Progress(Callback):
-        """Prints one line per change (trials done / running / failed, best objective so far) and, at most every
-        `status_every_s`, one line saying what each running trial is doing (train or eval, percent done)."""
-
-        def __init__(self):
-            self.done = self.failed = self.retried = 0
-            self.active: set[str] = set()  # counted here: Tune's statuses lag behind these callbacks
-            self.best: float | None = None
-            self.doing: dict[str, str] = {}  # running trial -> "train 40%" / "eval 12%"
-            self.next_status = time.monotonic() + status_every_s
-
-        def _line(self, what: str) -> None:
-            best = "-" if self.best is None else f"{self.best:.3f}"
-            retried = f"  retried {self.retried}" if self.retried else ""
-            eprint(f"[{study_name}] {what:<26} done {self.done}/{total}  running {len(self.active)}  "
-                   f"failed {self.failed}{retried}  best objective {best}")
-
-        @property
-        def finished(self) -> int:
-            """Trials that ended, well or not; fewer than `total` after fit() means the run was interrupted."""
-            return self.done + self.failed
-
-        def on_trial_start(self, iteration, trials, trial, **info):
-            self.active.add(trial.trial_id)
-            self._line(f"started {trial.trial_id}")
-
-        def on_trial_result(self, iteration, trials, trial, result, **info):
-            if "phase" in result:
-                self.doing[trial.trial_id] = f"{result['phase']} {100 * result.get('progress', 0):.0f}%"
-            if time.monotonic() >= self.next_status and self.doing:
-                self.next_status = time.monotonic() + status_every_s
-                eprint(f"[{study_name}] running: " + ", ".join(f"{t} {d}" for t, d in sorted(self.doing.items())))
-
-        def on_trial_complete(self, iteration, trials, trial, **info):
-            self.doing.pop(trial.trial_id, None)
-            self.active.discard(trial.trial_id)
-            self.done += 1
-            value = (trial.last_result or {}).get("objective")
-            if value is not None and (self.best is None or (value > self.best if mode == "max" else value < self.best)):
-                self.best = value
-            tid = (trial.last_result or {}).get("trial_id", trial.trial_id)
-            self._line(f"finished {tid}")
-
-        def on_trial_recover(self, iteration, trials, trial, **info):
-            # the trial's worker or node died and Tune runs it again from its last checkpoint (FailureConfig)
-            self.doing.pop(trial.trial_id, None)
-            self.active.discard(trial.trial_id)
-            self.retried += 1
-            self._line(f"retrying {trial.trial_id}")
-
-        def on_trial_error(self, iteration, trials, trial, **info):
-            self.doing.pop(trial.trial_id, None)
-            self.active.discard(trial.trial_id)
-            self.failed += 1
-            self._line(f"failed {trial.trial_id}")
-
-    return Progress()
-
-
 # -- running -----------------------------------------------------------------------------------------------------------
 def param_space(study: Study, root: str, pending: list, threads: int) -> dict[str, Any]:
     """Tune's param space: what every trial gets, plus the pending configs (grid) or the Optuna space on the base.
@@ -167,7 +104,7 @@ def param_space(study: Study, root: str, pending: list, threads: int) -> dict[st
 
     spec, sweep = study.spec, study.spec.sweep
     common = {"store": root, "study": spec.name, "threads": threads,
-              "metric": sweep.optuna.metric if sweep.optuna else "final_exact_acc", "eval_reports": sweep.asha is None}
+              "metric": sweep.optuna.metric if sweep.optuna else DEFAULT_METRIC, "eval_reports": sweep.asha is None}
     if sweep.optuna is not None:
         space = {}
         for key, p in sweep.optuna.space.items():
@@ -203,7 +140,9 @@ def build_tuner(study: Study, root: str, pending: list, threads: int):
                                   grace_period=sweep.asha.grace_period, reduction_factor=sweep.asha.reduction_factor)
     resources = {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu}
     total = num_samples if sweep.optuna else len(pending)
-    progress = progress_callback(spec.name, total, mode)
+    from study.progress import Progress
+
+    progress = Progress(spec.name, total, mode)
     tuner = tune.Tuner(
         tune.with_resources(trainable, resources),
         param_space=param_space(study, root, pending, threads),

@@ -35,3 +35,19 @@ DEFAULT_METRIC = "final_exact_acc"
 
 # Output formats of every command that prints a table.
 FORMATS = ("terminal", "markdown", "csv", "latex")
+
+
+def summary_metrics(depth: list, final_train_loss: float | None) -> dict[str, float]:
+    """Every metric of METRICS for one trial, from its depth rows (objects or dicts with depth_layers, difficulty,
+    exact_acc, cell_acc) and its last training loss: the one computation, for a trial just run and for one read
+    back from the store."""
+    def get(r, k):
+        return r[k] if isinstance(r, dict) else getattr(r, k)
+
+    overall = [r for r in depth if get(r, "difficulty") is None]
+    deepest = max(overall, key=lambda r: get(r, "depth_layers"))
+    out = {"final_exact_acc": get(deepest, "exact_acc"), "best_exact_acc": max(get(r, "exact_acc") for r in overall),
+           "final_cell_acc": get(deepest, "cell_acc")}
+    if final_train_loss is not None:
+        out["final_train_loss"] = final_train_loss
+    return out

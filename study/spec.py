@@ -37,6 +37,7 @@ from study.config import (
     set_dotted,
     trial_id,
 )
+from study.metrics import DEFAULT_METRIC, SearchMetric
 from study.store.layout import spec_file
 
 
@@ -61,7 +62,7 @@ class OptunaParam(Strict):
 
 
 class OptunaSpec(Strict):
-    metric: Literal["final_exact_acc", "best_exact_acc", "final_cell_acc"] = "final_exact_acc"
+    metric: SearchMetric = DEFAULT_METRIC
     mode: Literal["max", "min"] = "max"
     num_samples: int = 8
     space: dict[str, OptunaParam]

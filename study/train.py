@@ -87,16 +87,7 @@ class Trainer:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         self.model.to(self.device)
-        decay, no_decay = [], []
-        for name, p in model.named_parameters():
-            if not p.requires_grad:
-                continue
-            # FPRM: no weight decay on the residual scalars; ours: none on the carry rules' q / beta either
-            (no_decay if p.dim() < 2 or "scaling" in name or "carry" in name else decay).append(p)
-        self.opt = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=cfg.lr, betas=cfg.betas,
-        )
+        self.opt = torch.optim.AdamW(model.param_groups(cfg.weight_decay), lr=cfg.lr, betas=cfg.betas)
         self.ema = EMA(model, cfg.ema)
         self.data_rng = np.random.default_rng(seed)
         self.step = 0

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from study.config import TrialConfig, build_trial, set_dotted, trial_id
+from study.metrics import METRICS, summary_metrics
 from study.store import Store
 
 CKPT_FILE = "trainer.pt"
@@ -82,6 +83,19 @@ def trial_config(config: dict[str, Any]) -> TrialConfig:
     return cfg
 
 
+def stored_metrics(store: Store, study: str, tid: str) -> dict[str, float]:
+    """A complete trial's metrics as stored; one that its trials row lacks (a trial stored before the metric
+    joined the registry) is computed from its stored depth rows, as it was when the trial ran."""
+    import polars as pl
+
+    row = store.trial_row(study, tid) or {}
+    out = {k: row[k] for k in METRICS if row.get(k) is not None}
+    if set(METRICS) - set(out):
+        depth = store.scan("depth_eval", study, skip_bad=True).filter(pl.col("trial_id") == tid).collect()
+        out = {**summary_metrics(depth.to_dicts(), row.get("final_train_loss")), **out}
+    return out
+
+
 def trainable(config: dict[str, Any]) -> None:
     """One Tune trial. config: trial (and searched), store, study, metric, threads, eval_reports."""
     import ray
@@ -95,9 +109,8 @@ def trainable(config: dict[str, Any]) -> None:
     session = TuneSession(tid, ray.get_runtime_context().get_node_id(), cfg.train.steps,
                           config.get("eval_reports", True))
     if store.is_complete(study_name, tid):  # e.g. two Optuna samples that resolve to the same config
-        row = store.trial_row(study_name, tid)
-        session.report(row.get(metric) or 0.0, skipped=1,
-                       **{k: row[k] for k in ("final_exact_acc", "best_exact_acc") if row.get(k) is not None})
+        stored = stored_metrics(store, study_name, tid)
+        session.report(stored[metric], skipped=1, **stored)
         return
     metrics, _ = run_trial(cfg, study_name=study_name, store=store, node=session.node, **session.callbacks())
     session.report(metrics[metric], **metrics)

@@ -18,6 +18,7 @@ import torch
 import study
 from study.config import ConfigError, TrialConfig, to_dict, trial_id
 from study.evaluate import EvalResult, evaluate
+from study.metrics import summary_metrics
 from study.models.reasoner import build_reasoner
 from study.store import Store, config_row, now_utc
 from study.tasks.loader import load_task
@@ -32,17 +33,6 @@ def git_commit() -> str | None:
         return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
-
-
-def summary_metrics(result: EvalResult, history: list[TrainLog]) -> dict[str, float]:
-    """The few numbers schedulers and searchers need: exact accuracy at the deepest and the best depth."""
-    overall = [r for r in result.depth if r.difficulty is None]
-    deepest = max(overall, key=lambda r: r.depth_layers)
-    out = {"final_exact_acc": deepest.exact_acc, "best_exact_acc": max(r.exact_acc for r in overall),
-           "final_cell_acc": deepest.cell_acc}
-    if history:
-        out["final_train_loss"] = history[-1].loss
-    return out
 
 
 def run_trial(
@@ -83,7 +73,7 @@ def run_trial(
         on_phase("evaluating")
     result = evaluate(trainer.eval_model(), task, cfg.eval, cfg.train.device, on_progress=on_eval_progress,
                       dtype=cfg.train.dtype)
-    metrics = summary_metrics(result, history)
+    metrics = summary_metrics(result.depth, history[-1].loss if history else None)
     if store is not None:
         store.write("train_curve", study_name, tid, [vars(h) for h in history])
         store.write("depth_eval", study_name, tid, [dataclasses.asdict(r) for r in result.depth])
@@ -95,7 +85,7 @@ def run_trial(
             "params": sum(p.numel() for p in model.parameters()), "started": started, "ended": now_utc(),
             "wall_s": time.perf_counter() - t0, "device": device_name(cfg.train.device),
             "package_version": study.__version__, "git_commit": git_commit(), "node": node,
-            **{k: v for k, v in metrics.items() if k != "final_cell_acc"},
+            **metrics,
         }])
     return metrics, result
 

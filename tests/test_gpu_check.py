@@ -22,7 +22,7 @@ def test_gpu_check_cpu_smoke_runs_every_part_and_ends_with_a_json_line():
     assert out["peak_bf16_tflops"] is None  # no GPU here: no fraction of a peak is claimed
 
 
-def test_bf16_evaluation_gives_the_same_rows():
+def test_bf16_evaluation_reads_the_same_numbers_within_rounding():
     import torch
 
     from study.config import CarryConfig, EvalConfig, ModelConfig, TaskConfig
@@ -38,5 +38,10 @@ def test_bf16_evaluation_gives_the_same_rows():
     fp32, bf16 = evaluate(model, task, ev), evaluate(model, task, ev, dtype="bf16")
     assert [(r.depth_layers, r.difficulty, r.n) for r in fp32.depth] == [(r.depth_layers, r.difficulty, r.n)
                                                                          for r in bf16.depth]
-    assert len(bf16.dynamics) == len(fp32.dynamics) and len(bf16.perturbation) == len(fp32.perturbation)
-    assert all(0 <= r.exact_acc <= 1 for r in bf16.depth)
+    # the same readings, numbers within bf16's rounding: at most a few cells of 8 boards read differently
+    for a, b in zip(fp32.depth, bf16.depth):
+        assert abs(a.cell_acc - b.cell_acc) <= 0.1 and a.eff_layers == b.eff_layers and a.halted_frac == b.halted_frac
+    assert [(r.kind, r.axis, r.update) for r in fp32.dynamics] == [(r.kind, r.axis, r.update) for r in bf16.dynamics]
+    assert [(r.eps, r.updates_after) for r in fp32.perturbation] == [(r.eps, r.updates_after)
+                                                                      for r in bf16.perturbation]
+    assert max(abs(a.rel_distance - b.rel_distance) for a, b in zip(fp32.perturbation, bf16.perturbation)) < 0.05

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from study.config import HaltingConfig, ModelConfig
-from study.models.block import Block, BlockConfig
+from study.models.block import Block
 from study.models.carry import CarryState, Damped
 from study.models.halting import advance_halting, relative_residual, start_halting
 
@@ -23,7 +23,7 @@ class BoundedSublayer(torch.nn.Module):
 
 def test_tied_residual_scaling_keeps_iterates_bounded_over_10000_iterations():
     torch.manual_seed(0)
-    block = Block(BlockConfig(hidden=16, heads=2, n_layers=2, norm="pre", residual_scaling=True, grid=(2, 2)))
+    block = Block(ModelConfig(hidden=16, heads=2, n_layers=2, norm="pre", residual_scaling=True), grid=(2, 2))
     # a1, a2 are per channel: four channels each for (0.75, 0.25), (0.25, 0.75), (0, 0) and (0.99, 0.99)
     pairs = torch.tensor([(0.75, 0.25), (0.25, 0.75), (1e-6, 1e-6), (0.99, 0.99)]).repeat_interleave(4, 0)
     with torch.no_grad():
@@ -45,7 +45,7 @@ def test_tied_residual_scaling_keeps_iterates_bounded_over_10000_iterations():
 
 def test_tied_residual_scaling_on_the_real_block_stays_bounded():
     torch.manual_seed(0)
-    block = Block(BlockConfig(hidden=16, heads=2, n_layers=2, norm="pre", residual_scaling=True, grid=(2, 2)))
+    block = Block(ModelConfig(hidden=16, heads=2, n_layers=2, norm="pre", residual_scaling=True), grid=(2, 2))
     _, _, a2t, b2t = block.scaling.coefficients()
     x, z = torch.randn(1, 4, 16), torch.randn(1, 4, 16)
     with torch.no_grad():
@@ -56,8 +56,7 @@ def test_tied_residual_scaling_on_the_real_block_stays_bounded():
 
 def test_unscaled_pre_norm_grows_without_bound_where_scaling_does_not():
     torch.manual_seed(0)
-    cfg = dict(hidden=16, heads=2, n_layers=2, norm="pre", grid=(2, 2))
-    plain = Block(BlockConfig(**cfg))
+    plain = Block(ModelConfig(hidden=16, heads=2, n_layers=2, norm="pre"), grid=(2, 2))
     z = torch.randn(1, 4, 16)
     with torch.no_grad():
         for _ in range(200):

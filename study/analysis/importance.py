@@ -10,9 +10,9 @@ from __future__ import annotations
 import polars as pl
 
 from study.analysis.tables import NOT_AXES, AnalysisError, config_columns, load_context
+from study.metrics import DEFAULT_METRIC, METRICS
 from study.store import Store
 
-METRICS = ("final_exact_acc", "best_exact_acc", "final_train_loss")
 EVALUATORS = ("fanova", "ped_anova", "mdi")
 
 
@@ -46,7 +46,7 @@ def distribution(values: pl.Series):
     return CategoricalDistribution(sorted(str(v) for v in values.unique().to_list()))
 
 
-def importance(store: Store, study: str, metric: str = "final_exact_acc", evaluator: str = "fanova",
+def importance(store: Store, study: str, metric: str = DEFAULT_METRIC, evaluator: str = "fanova",
                skip_bad: bool = False) -> pl.DataFrame:
     """One row per swept knob: its importance for `metric` (summing to 1), most important first."""
     import optuna
@@ -63,7 +63,7 @@ def importance(store: Store, study: str, metric: str = "final_exact_acc", evalua
     if trials.height < 2:
         raise AnalysisError(f"study {study!r} has {trials.height} complete trial(s) with {metric}; need at least 2")
     dists = {k: distribution(trials[k].drop_nulls()) for k in knobs}
-    opt = optuna.create_study(direction="minimize" if metric == "final_train_loss" else "maximize")
+    opt = optuna.create_study(direction="minimize" if METRICS[metric].mode == "min" else "maximize")
     categorical = {k for k, d in dists.items() if isinstance(d, CategoricalDistribution)}
     for row in trials.select([*knobs, metric]).iter_rows(named=True):
         params = {k: str(row[k]) if k in categorical else row[k] for k in knobs if row[k] is not None}

@@ -17,6 +17,7 @@ import polars as pl
 
 from study.analysis.figures import plot
 from study.analysis.tables import TABLES, AnalysisError, _cell, build_table, config_columns, load_context
+from study.metrics import METRICS
 from study.store import Store
 from study.store.layout import spec_file
 
@@ -74,7 +75,7 @@ def report(store: Store, study: str, out: str | Path | None = None, skip_bad: bo
                      "<p>No saved spec (trials written by <code>loopstudy trial</code>).</p>"))
 
     trials = ctx.trials.sort("trial_id")
-    summary = [c for c in ("final_exact_acc", "best_exact_acc", "final_train_loss", "wall_s", "device")
+    summary = [c for c in (*METRICS, "wall_s", "device")
                if c in trials.columns]
     overview = trials.select(["trial_id", "setting", *[c for c in ctx.axes if c != "label"], "seed", *summary])
     configs = "".join(

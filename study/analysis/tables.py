@@ -17,6 +17,7 @@ from pathlib import Path
 
 import polars as pl
 
+from study.config import NON_IDENTITY, layers_per_step
 from study.store import TABLES as STORE_TABLES
 from study.store import Store, StoreError
 
@@ -24,8 +25,8 @@ from study.store import Store, StoreError
 T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
 
-# Config columns that never define a group (identity of the run, not of the setting).
-NOT_AXES = {"seed", "task.cache_dir", "train.log_every", "train.checkpoint_every", "train.threads"}
+# Config columns that never define a group: the seed, and the fields that cannot change a trial's results.
+NOT_AXES = {"seed"} | {f"{section}.{name}" for section, name in NON_IDENTITY}
 
 
 def t975(n: int) -> float:
@@ -135,9 +136,9 @@ def deepest(lf: pl.LazyFrame) -> pl.LazyFrame:
 # -- the tables --------------------------------------------------------------------------------------------------------
 def training_depth() -> pl.Expr:
     """Executed layers of a trial's deepest training rollout: H steps per update, n_sup updates carried on, each
-    step (L + 1) * n_layers layers (nested) or n_layers (flat), as in config.ModelConfig."""
-    per_step = pl.when(pl.col("model.kind") == "nested").then((pl.col("model.L") + 1) * pl.col("model.n_layers")) \
-        .otherwise(pl.col("model.n_layers"))
+    step config.layers_per_step layers."""
+    per_step = pl.struct("model.kind", "model.L", "model.n_layers").map_elements(
+        lambda r: layers_per_step(r["model.kind"], r["model.L"], r["model.n_layers"]), return_dtype=pl.Int64)
     return pl.col("model.H") * pl.col("train.n_sup") * per_step
 
 

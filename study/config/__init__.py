@@ -36,12 +36,13 @@ from study.config.schema import (
     TaskName,
     TrainConfig,
     TrialConfig,
+    layers_per_step,
 )
 
 __all__ = [
     "ADDED_LATER", "DATA_FILES", "MAX_DEPTH_LAYERS", "NON_IDENTITY", "RULES", "STUDY_NAME", "TASK_ONLY", "Bound",
     "CarryConfig", "ConfigError", "EvalConfig", "HaltingConfig", "ModelConfig", "Placement", "Rule", "TaskConfig",
     "TaskName", "TrainConfig", "TrialConfig", "absolute_data_path", "allowed_keys", "build_trial", "check_bounds",
-    "check_data", "check_study_name", "describe_error", "file_digest", "flatten", "is_study_name", "load_trial",
-    "load_yaml", "merge", "parse_overrides", "resolve_data_paths", "set_dotted", "to_dict", "trial_id",
+    "check_data", "check_study_name", "describe_error", "file_digest", "flatten", "is_study_name", "layers_per_step",
+    "load_trial", "load_yaml", "merge", "parse_overrides", "resolve_data_paths", "set_dotted", "to_dict", "trial_id",
 ]

@@ -21,6 +21,12 @@ Placement = Literal["none", "inner", "outer", "both"]
 RULES = get_args(Rule)
 Unit = Annotated[float, Bound(ge=0, lt=1)]  # FPRM's a1, a2 initialisations
 
+
+def layers_per_step(kind: str, L: int, n_layers: int) -> int:
+    """Executed layers per step: a nested outer cycle runs the block L + 1 times (L inner, 1 outer), a flat
+    iteration once (methods.md section 2). The one statement of the count; tables read stored trials with it."""
+    return (L + 1) * n_layers if kind == "nested" else n_layers
+
 @pdataclass(config={"extra": "forbid"})
 class CarryConfig:
     """The loop rule and where it goes. Axes not named by `placement` use carry_last.
@@ -116,7 +122,7 @@ class ModelConfig:
     @property
     def layers_per_step(self) -> int:
         """Executed layers per outer cycle (nested) or per iteration (flat)."""
-        return (self.L + 1) * self.n_layers if self.kind == "nested" else self.n_layers
+        return layers_per_step(self.kind, self.L, self.n_layers)
 
     @property
     def layers_per_update(self) -> int:

@@ -11,32 +11,17 @@ by all 2 * n_layers sublayers, and the flat reasoner mixes iterations with (a2, 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from study.config import ModelConfig
 
-@dataclass
-class BlockConfig:
-    """Built from a validated ModelConfig (reasoner.block_config) plus the task's token grid."""
-
-    hidden: int = 64
-    heads: int = 4
-    n_layers: int = 2
-    expansion: float = 4.0
-    norm: Literal["pre", "post"] = "post"
-    conv: bool = True
-    grid: tuple[int, ...] = (4, 4)  # token grid for the conv: (rows, cols) or (length,) for sequences
-    residual_scaling: bool = False  # FPRM tied scaling; needs norm="pre"
-    a1_init: float = 0.75
-    a2_init: float = 0.25
-    norm_eps: float = 1e-5
+RMS_EPS = 1e-5  # every RMSNorm of the model (the block's, the head's, the carry rules' scores)
 
 
-def rms_norm(x: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, eps: float = RMS_EPS) -> torch.Tensor:
     """Weightless RMSNorm (as TRM); half precision is upcast to float32 for stability under bf16."""
     xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
     return F.rms_norm(xf, (x.shape[-1],), eps=eps).to(x.dtype)
@@ -55,7 +40,7 @@ def logit(p: float) -> float:
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: BlockConfig):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.heads = cfg.heads
         self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden, bias=False)
@@ -71,10 +56,10 @@ class Attention(nn.Module):
 class GridConv(nn.Module):
     """Depthwise conv over the token grid (3x3 in 2-D, 3 in 1-D). FPRM: needed for fixed-point stability."""
 
-    def __init__(self, cfg: BlockConfig):
+    def __init__(self, cfg: ModelConfig, grid: tuple[int, ...]):
         super().__init__()
-        self.grid = cfg.grid
-        conv = nn.Conv2d if len(cfg.grid) == 2 else nn.Conv1d
+        self.grid = grid
+        conv = nn.Conv2d if len(grid) == 2 else nn.Conv1d
         self.conv = conv(cfg.hidden, cfg.hidden, 3, padding=1, groups=cfg.hidden)
 
     def grid_for(self, S: int) -> tuple[int, ...]:
@@ -100,7 +85,7 @@ class GridConv(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    def __init__(self, cfg: BlockConfig):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
         width = swiglu_width(cfg.hidden, cfg.expansion)
         self.gate_up = nn.Linear(cfg.hidden, 2 * width, bias=False)
@@ -114,10 +99,10 @@ class SwiGLU(nn.Module):
 class Mixer(nn.Module):
     """Token-mixing sublayer: attention plus the local depthwise conv."""
 
-    def __init__(self, cfg: BlockConfig):
+    def __init__(self, cfg: ModelConfig, grid: tuple[int, ...]):
         super().__init__()
         self.attn = Attention(cfg)
-        self.conv = GridConv(cfg) if cfg.conv else None
+        self.conv = GridConv(cfg, grid) if cfg.conv else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.attn(x)
@@ -128,10 +113,12 @@ class ResidualScaling(nn.Module):
     """FPRM's tied residual scalars (methods.md section 2), per channel, as sigmoids of learned logits.
 
     b2 = 1 - a2 * a1^(2L);  b1 = b2 * (1 - a1) / (1 - a1^(2L)). With 0 <= a1, a2 < 1 and a bounded sublayer
-    output the iterates stay bounded (FPRM Thm 1).
+    output the iterates stay bounded (FPRM Thm 1). No weight decay on them (FPRM).
     """
 
-    def __init__(self, cfg: BlockConfig):
+    no_weight_decay = True  # read by Reasoner.param_groups
+
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.n_sub = 2 * cfg.n_layers
         self.a1_logit = nn.Parameter(torch.full((cfg.hidden,), logit(cfg.a1_init)))
@@ -147,28 +134,28 @@ class ResidualScaling(nn.Module):
 
 
 class Block(nn.Module):
-    """f_theta: n_layers x (mixer, SwiGLU), with the configured norm placement / residual scaling."""
+    """f_theta: n_layers x (mixer, SwiGLU), with the configured norm placement / residual scaling. grid: the task's
+    token grid for the conv, (rows, cols) or (length,)."""
 
-    def __init__(self, cfg: BlockConfig):
+    def __init__(self, cfg: ModelConfig, grid: tuple[int, ...]):
         super().__init__()
         self.cfg = cfg
         self.sublayers = nn.ModuleList()
         for _ in range(cfg.n_layers):
-            self.sublayers.append(Mixer(cfg))
+            self.sublayers.append(Mixer(cfg, grid))
             self.sublayers.append(SwiGLU(cfg))
         self.scaling = ResidualScaling(cfg) if cfg.residual_scaling else None
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        eps = self.cfg.norm_eps
         if self.scaling is not None:
             a1, b1, _, _ = self.scaling.coefficients()
             a1, b1 = a1.to(h.dtype), b1.to(h.dtype)
             for sub in self.sublayers:
-                h = a1 * h + b1 * sub(rms_norm(h, eps))
+                h = a1 * h + b1 * sub(rms_norm(h))
         elif self.cfg.norm == "pre":
             for sub in self.sublayers:
-                h = h + sub(rms_norm(h, eps))
+                h = h + sub(rms_norm(h))
         else:
             for sub in self.sublayers:
-                h = rms_norm(h + sub(h), eps)
+                h = rms_norm(h + sub(h))
         return h

@@ -16,9 +16,7 @@ import torch
 from torch import nn
 
 from study.config import RULES, CarryConfig
-from study.models.block import rms_norm
-
-RMS_EPS = 1e-5  # as block.rms_norm
+from study.models.block import RMS_EPS, rms_norm
 
 
 @dataclass
@@ -113,6 +111,7 @@ class InfiLoop(nn.Module):
     """Loop-native attention residual: learned pseudo-query q (d) and decay beta = exp(-lambda) (1 scalar)."""
 
     name = "infiloop"
+    no_weight_decay = True  # q and beta (Reasoner.param_groups)
 
     def __init__(self, d: int, cfg: CarryConfig):
         super().__init__()
@@ -143,6 +142,7 @@ class FullAttnRes(nn.Module):
     """
 
     name = "full_attnres"
+    no_weight_decay = True  # q (Reasoner.param_groups)
 
     def __init__(self, d: int, cfg: CarryConfig):
         super().__init__()

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from study.config import ModelConfig
-from study.models.block import Block, BlockConfig, rms_norm
+from study.models.block import Block, rms_norm
 from study.models.carry import CarryState, make_carry
 from study.models.halting import HaltState, advance_halting, relative_residual, start_halting
 
@@ -62,12 +62,23 @@ class Reasoner(nn.Module):
         self.seq_len = seq_len
         self.pos = nn.Parameter(torch.randn(seq_len, d) / self.scale) if cfg.pos == "learned" else None
         nn.init.normal_(self.tok.weight, std=1 / self.scale)
-        self.block = Block(block_config(cfg, grid))
+        self.block = Block(cfg, grid)
         self.head = nn.Linear(d, vocab, bias=False)
 
     @property
     def layers_per_step(self) -> int:
         return self.cfg.layers_per_step
+
+    def param_groups(self, weight_decay: float) -> list[dict]:
+        """AdamW's parameter groups: weight decay on the weight matrices, none on vectors and scalars (norm-free
+        biases, FPRM's residual scalars, the carry rules' q and beta) nor on any parameter of a module that
+        declares `no_weight_decay` (ResidualScaling, the carry rules): the model says which, not its names."""
+        exempt = {id(p) for m in self.modules() if getattr(m, "no_weight_decay", False) for p in m.parameters()}
+        decay, no_decay = [], []
+        for p in self.parameters():
+            if p.requires_grad:
+                (no_decay if p.dim() < 2 or id(p) in exempt else decay).append(p)
+        return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         if self.pos is None:
@@ -190,13 +201,6 @@ class FlatReasoner(Reasoner):
         residual = relative_residual(z, cand, self.cfg.halting.eps)
         outer = self.carry_outer.step(state.outer, cand, state.halt.eta)
         return LoopState(outer, None, state.halt, state.steps), residual
-
-
-def block_config(cfg: ModelConfig, grid: tuple[int, ...]) -> BlockConfig:
-    return BlockConfig(
-        hidden=cfg.hidden, heads=cfg.heads, n_layers=cfg.n_layers, expansion=cfg.expansion, norm=cfg.norm,
-        conv=cfg.conv, grid=grid, residual_scaling=cfg.residual_scaling, a1_init=cfg.a1_init, a2_init=cfg.a2_init,
-    )
 
 
 def build_reasoner(cfg: ModelConfig, vocab: int, seq_len: int, grid: tuple[int, ...]) -> Reasoner:

@@ -38,6 +38,23 @@ class Solver:
         self.col = [i % size for i in range(size * size)]
         self.box = [(r // br) * (size // bc) + (c // bc) for r, c in zip(self.row, self.col)]
 
+    def masks(self, grid: list[int]) -> tuple[list[int], list[int], list[int], list[int]] | None:
+        """Bit masks of the digits used per row, column and box, and the empty cells; None when a digit repeats."""
+        rows, cols, boxes = [0] * self.n, [0] * self.n, [0] * self.n
+        empties = []
+        for i, v in enumerate(grid):
+            if v:
+                bit = 1 << (v - 1)
+                r, c, b = self.row[i], self.col[i], self.box[i]
+                if (rows[r] | cols[c] | boxes[b]) & bit:
+                    return None
+                rows[r] |= bit
+                cols[c] |= bit
+                boxes[b] |= bit
+            else:
+                empties.append(i)
+        return rows, cols, boxes, empties
+
     def solve(self, grid: list[int], limit: int = 1, rng: np.random.Generator | None = None,
               forbid: tuple[int, int] | None = None) -> tuple[int, list[int] | None]:
         """Count solutions up to `limit`; return (count, first solution). `forbid=(cell, v)`: cell may not be v.
@@ -45,20 +62,11 @@ class Solver:
         `rng` randomises the digit order (used to draw random full grids).
         """
         n, full = self.n, self.full
-        rows, cols, boxes = [0] * n, [0] * n, [0] * n
         grid = list(grid)
-        empties = []
-        for i, v in enumerate(grid):
-            if v:
-                bit = 1 << (v - 1)
-                r, c, b = self.row[i], self.col[i], self.box[i]
-                if (rows[r] | cols[c] | boxes[b]) & bit:
-                    return 0, None
-                rows[r] |= bit
-                cols[c] |= bit
-                boxes[b] |= bit
-            else:
-                empties.append(i)
+        masks = self.masks(grid)
+        if masks is None:
+            return 0, None
+        rows, cols, boxes, empties = masks
         ban = [0] * (n * n)
         if forbid is not None:
             ban[forbid[0]] = 1 << (forbid[1] - 1)

@@ -1,0 +1,43 @@
+"""`loopstudy`: run studies on Ray, run one trial, and read results back as tables, figures and SQL.
+
+`parser` builds the command line, `commands` holds one function per command; `main` is the one error boundary:
+every refusal of bad input, from any command, ends as one `loopstudy: ...` line on stderr and exit 2.
+"""
+
+from __future__ import annotations
+
+from study.cli.parser import build_parser
+from study.console import eprint
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    # key=value overrides may also come after the options (argparse stops collecting positionals there)
+    if rest and hasattr(args, "overrides") and all("=" in r and not r.startswith("-") for r in rest):
+        args.overrides = [*args.overrides, *rest]
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if hasattr(args, "study_pos"):  # STUDY or --study, once
+        if args.study_pos and args.study and args.study_pos != args.study:
+            parser.error(f"two studies given: {args.study_pos!r} and --study {args.study!r}")
+        args.study = args.study_pos or args.study
+        if not args.study:
+            parser.error(f"{args.command}: give the study (STUDY or --study NAME)")
+    from study.analysis.tables import AnalysisError
+    from study.config import ConfigError
+    from study.store import StoreError
+    from study.tasks.base import DataError
+
+    try:
+        return args.func(args)
+    except (ConfigError, StoreError, AnalysisError, DataError) as e:
+        eprint(f"loopstudy: {e}")
+        return 2
+    except FileNotFoundError as e:  # a compaction removed files this read had listed: never a wrong answer
+        eprint(f"loopstudy: a results file went away while it was being read ({e}); a `loopstudy compact` "
+               "probably ran at the same time: run the command again")
+        return 2
+    except KeyboardInterrupt:
+        eprint("loopstudy: interrupted")
+        return 130

@@ -1,0 +1,215 @@
+"""The commands of `loopstudy`, one function each (`cmd_<name>(args) -> exit code`). Everything heavy (torch,
+Ray) is imported inside the command that needs it, so the reading commands run on any machine that can read the
+store."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import tempfile
+from pathlib import Path
+
+from study.console import eprint
+from study.paths import is_uri
+
+
+# -- trial -------------------------------------------------------------------------------------------------------------
+def cmd_trial(args: argparse.Namespace) -> int:
+    from study.config import load_trial, trial_id
+    from study.store import Store
+    from study.trial import run_trial
+
+    cfg = load_trial(args.config, args.overrides)
+    store = None if args.no_store else Store(args.store)  # a bad root fails now, not after training
+    tid = trial_id(cfg)
+    eprint(f"trial {tid}: task {cfg.task.name} {cfg.task.size}, model {cfg.model.kind} "
+           f"rule={cfg.model.carry.rule} placement={cfg.model.carry.placement}, seed {cfg.seed}")
+
+    def on_log(log) -> None:
+        eprint(f"  step {log.step:6d}/{cfg.train.steps}  loss {log.loss:.4f}  cell {log.cell_acc:.3f}  "
+               f"exact {log.exact_acc:.3f}  lr {log.lr:.2e}")
+
+    metrics, result = run_trial(cfg, study_name=args.study, store=store, on_log=on_log,
+                                on_phase=lambda m: eprint(f"  {m}"))
+    print(format_depth_rows(result.depth))
+    if store is not None:
+        eprint(f"rows written to {store.uri} (study={args.study}, trial_id={tid})")
+    return 0
+
+
+def format_depth_rows(rows) -> str:
+    head = f"{'depth_layers':>12} {'cycles':>7} {'exact_acc':>9} {'cell_acc':>9} {'halted':>7} {'eff_layers':>10}"
+    lines = [head, "-" * len(head)]
+    for r in sorted((r for r in rows if r.difficulty is None), key=lambda r: r.depth_layers):
+        lines.append(f"{r.depth_layers:12d} {r.outer_cycles:7d} {r.exact_acc:9.3f} {r.cell_acc:9.3f} "
+                     f"{r.halted_frac:7.2f} {r.eff_layers:10.0f}")
+    return "\n".join(lines)
+
+
+# -- studies on Ray ----------------------------------------------------------------------------------------------------
+def print_main_table(store_root: str, study: str) -> None:
+    from study.analysis.tables import AnalysisError, build_table, format_table
+
+    try:
+        print(format_table(build_table(_store(store_root), study, "depth")))
+    except AnalysisError as e:
+        eprint(f"loopstudy: {e}")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from study.launch import run_study, storage_root
+    from study.spec import load_study
+
+    study = load_study(args.spec, args.overrides)
+    root = storage_root(study, args.store)
+    if "working_dir_files" in os.getcwd():
+        # Inside a Ray Job: Ray may delete the job's unpacked working dir once the trials sharing it end, pulling
+        # the cwd from under this driver. Load what we need now and work from a directory that stays.
+        importlib.import_module("study.analysis.figures")
+        os.chdir(tempfile.gettempdir())
+    out = run_study(study, address=args.address, storage=root, shared_storage=args.shared_storage,
+                    num_cpus=args.num_cpus, compact_at=args.compact_at)
+    if out.get("interrupted"):
+        return 130
+    print_main_table(root, study.name)
+    figures = args.figures or ("results/figures" if is_uri(root) else f"{root}/figures")
+    eprint(f"figures: loopstudy plot all --study {study.name} --store {root} --figures {figures}")
+    if not args.no_plot:
+        from study.analysis.figures import plot
+
+        try:
+            files = plot(_store(root), study.name, "all", figures)
+            eprint(f"figures written to {Path(figures).resolve()} ({len(files)} files)")
+        except Exception as e:  # a figure problem must not hide the study's results
+            eprint(f"loopstudy: figures not written: {e}")
+    return 1 if out["errors"] else 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from study.launch import resume_study
+
+    out = resume_study(args.study, storage=args.store, address=args.address)
+    from study.paths import resolve_root
+
+    root = resolve_root(args.store)
+    print_main_table(root, args.study)
+    return 1 if out["errors"] else 0
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from study.launch import submit_study
+    from study.spec import load_study
+
+    load_study(args.spec, args.overrides)  # fail here, not on the cluster
+    repo = Path(__file__).resolve().parents[2]  # study/cli/commands.py -> the repository
+    extra = [*args.overrides] if args.overrides else []
+    job_id = submit_study(str(args.spec), address=args.address, storage=args.store, repo=repo,
+                          extra_args=extra)
+    print(job_id)
+    eprint(f"submitted {args.spec} as Ray job {job_id}\n"
+           f"  follow:  ray job logs --address {args.address} --follow {job_id}\n"
+           f"  status:  ray job status --address {args.address} {job_id}")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Expected trials (from the saved spec) against complete ones in storage. No Ray needed."""
+    from study.config import trial_id
+    from study.spec import load_saved_study
+
+    store = _store(args.store)
+    study = load_saved_study(store, args.study)
+    done = store.completed_trials(args.study)
+    if study.is_optuna:
+        print(f"{args.study}: Optuna search, {len(done)} of {study.spec.sweep.optuna.num_samples} samples complete")
+        return 0
+    ids = [trial_id(c) for c in study.trials]
+    missing = [i for i in ids if i not in done]
+    print(f"{args.study}: {len(ids) - len(missing)}/{len(ids)} trials complete in {store.uri}")
+    for i in missing[:20]:
+        print(f"  pending {i}")
+    if len(missing) > 20:
+        print(f"  ... and {len(missing) - 20} more pending")
+    return 0
+
+
+# -- analysis (no torch, no Ray) ---------------------------------------------------------------------------------------
+def _store(root: str):
+    """The results store at root, for reading: StoreError when nothing was ever written there."""
+    from study.store import Store
+
+    return Store(root).require()
+
+
+def cmd_table(args: argparse.Namespace) -> int:
+    from study.analysis.tables import build_table, format_table, widen
+
+    df = build_table(_store(args.store), args.study, args.kind, paper=args.paper, skip_bad=args.skip_bad)
+    if args.wide:
+        df = widen(df, args.wide)
+    print(format_table(df, args.format))
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from study.analysis.figures import plot
+
+    files = plot(_store(args.store), args.study, args.kind, args.figures, skip_bad=args.skip_bad)
+    for f in files:
+        print(f)
+    return 0
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    from study.analysis.tables import format_table, sql
+
+    print(format_table(sql(_store(args.store), args.sql, args.study, args.skip_bad), args.format))
+    return 0
+
+
+def cmd_compact(args: argparse.Namespace) -> int:
+    store = _store(args.store)
+    if args.study not in store.studies():
+        eprint(f"loopstudy: no study {args.study!r} in {store.uri}; studies: {', '.join(store.studies()) or 'none'}")
+        return 2
+
+    def on_table(table: str, files: int, rows: int) -> None:
+        eprint(f"  {table:<13} {files:>7,} trial files merged -> {rows:,} rows in _compacted.parquet")
+
+    out = store.compact(args.study, on_table, grace_s=args.grace)
+    eprint(f"{args.study}: {out['trials']:,} complete trials compacted; {out['files_removed']:,} per-trial files "
+           "removed (trials not yet complete keep theirs)")
+    return 0
+
+
+def cmd_importance(args: argparse.Namespace) -> int:
+    from study.analysis.importance import importance
+    from study.analysis.tables import format_table
+
+    df = importance(_store(args.store), args.study, args.metric, args.evaluator, skip_bad=args.skip_bad)
+    eprint(f"{args.study}: importance of each swept knob for {args.metric} ({args.evaluator}, Optuna)")
+    print(format_table(df, args.format))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from study.analysis.report import report
+
+    path = report(_store(args.store), args.study, args.out, skip_bad=args.skip_bad)
+    print(path)
+    eprint(f"report written to {path.resolve()} (one self-contained HTML file)")
+    return 0
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    from study.analysis.tables import format_table, list_studies
+
+    df = list_studies(_store(args.store))
+    if df.height == 0:
+        eprint(f"no studies in {args.store}")
+        return 0
+    print(format_table(df, "terminal"))
+    return 0
+
+

@@ -1,0 +1,225 @@
+"""The `loopstudy` command line: one vocabulary everywhere (--store ROOT, --study NAME, --figures DIR), one small
+function per command group."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from study.cli import commands as cmd
+from study.metrics import DEFAULT_METRIC, FORMATS, METRICS
+
+DEFAULT_STORE = os.environ.get("LOOPSTUDY_STORE", "results")
+STORE_HELP = "results root: a path, an NFS path or s3://bucket/prefix"
+
+
+def study_name(value: str) -> str:
+    """argparse type for study names: the store's one rule, refused before anything runs."""
+    from study.config import ConfigError, check_study_name
+
+    try:
+        return check_study_name(value)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def count(least: int):
+    """argparse type for an integer option that must be >= least."""
+    def parse(value: str) -> int:
+        try:
+            n = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+        if n < least:
+            raise argparse.ArgumentTypeError(f"{n} is not allowed; it must be >= {least}")
+        return n
+    return parse
+
+
+def seconds(value: str) -> float:
+    """argparse type for a finite, non-negative number of seconds."""
+    try:
+        s = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if not 0 <= s < float("inf"):
+        raise argparse.ArgumentTypeError(f"{value} is not allowed; give seconds >= 0")
+    return s
+
+
+def add_store(sp: argparse.ArgumentParser, default: str | None = DEFAULT_STORE, help: str = STORE_HELP) -> None:
+    """--store, the results root, on every command (--storage is accepted as the same option)."""
+    shown = "the spec's `storage`" if default is None else "%(default)s"
+    sp.add_argument("--store", "--storage", dest="store", default=default, metavar="ROOT",
+                    help=f"{help} (default: {shown}; --storage is the same option)")
+
+
+def add_study(sp: argparse.ArgumentParser, positional: bool = False, **kw) -> None:
+    """--study NAME on every command that takes a study; those that need nothing else take it positionally too."""
+    if positional:
+        sp.add_argument("study_pos", nargs="?", type=study_name, metavar="STUDY", help="the study (or --study)")
+    kw.setdefault("help", "the study: the `name` of its spec")
+    sp.add_argument("--study", type=study_name, metavar="NAME", **kw)
+
+
+def add_format(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--format", default="terminal", choices=FORMATS, help="how the table is printed "
+                    "(default: %(default)s)")
+
+
+def add_spec(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("spec", type=Path, help="the study spec (YAML): base trial, sweep, resources, storage")
+    sp.add_argument("overrides", nargs="*", metavar="key=value", help="override spec keys, e.g. train.steps=50")
+
+
+def add_trial(sub) -> None:
+    t = sub.add_parser("trial", help="train and evaluate one configuration without Ray",
+                       description="Train and evaluate one configuration (no Ray). CONFIG is a YAML file with "
+                                   "sections task/model/train/eval/seed; key=value pairs override dotted keys, "
+                                   "e.g. model.carry.rule=infiloop train.steps=200.")
+    t.add_argument("config", type=Path, help="the trial config (YAML)")
+    t.add_argument("overrides", nargs="*", metavar="key=value", help="override dotted keys")
+    add_store(t)
+    add_study(t, default="adhoc", help="study name the rows are filed under (default: %(default)s)")
+    t.add_argument("--no-store", action="store_true", help="print the depth table only; write nothing")
+    t.set_defaults(func=cmd.cmd_trial)
+
+
+def add_run(sub) -> None:
+    from study.launch import COMPACT_AT  # Ray-free at import
+
+    r = sub.add_parser("run", help="run a study (grid or Optuna) on Ray Tune and print its depth table",
+                       description="Run a study spec on Ray Tune. Trials already complete in the store are skipped. "
+                                   "Ends with the depth table and the figures.")
+    add_spec(r)
+    r.add_argument("--address", default=None,
+                   help="join a running Ray cluster: auto or HOST:PORT (default: embedded local Ray)")
+    add_store(r, default=None)
+    r.add_argument("--shared-storage", action="store_true",
+                   help="the store (and task data) is mounted on every node (NFS): allow it on a multi-machine "
+                        "cluster")
+    r.add_argument("--num-cpus", type=count(1), default=None, help="CPUs for the embedded Ray (default: all)")
+    r.add_argument("--figures", default=None, metavar="DIR", help="where figures go (default: <store>/figures)")
+    r.add_argument("--no-plot", action="store_true", help="skip the figures")
+    r.add_argument("--compact-at", type=count(0), default=COMPACT_AT, metavar="N",
+                   help="after the run, compact the study when it has N or more per-trial files per table, so "
+                        "reading it stays a few files (0: never; default: %(default)s)")
+    r.set_defaults(func=cmd.cmd_run)
+
+
+def add_cluster(sub) -> None:
+    """submit, status and resume: a study's life on a cluster."""
+    s = sub.add_parser("submit", help="send a study to a cluster as a Ray Job (needs ray[default])",
+                       description="Submit `loopstudy run SPEC --address auto` as a Ray Job with this repository "
+                                   "as working directory. Prints the job id and how to follow its logs.")
+    add_spec(s)
+    s.add_argument("--address", required=True, help="the cluster's job server, e.g. http://HEAD:8265")
+    add_store(s, default=None, help="results root as seen from the cluster (a shared path or s3://...)")
+    s.set_defaults(func=cmd.cmd_submit)
+
+    st = sub.add_parser("status", help="trials complete vs pending for a study (from the store; no Ray)")
+    add_study(st, positional=True)
+    add_store(st)
+    st.set_defaults(func=cmd.cmd_status)
+
+    rs = sub.add_parser("resume", help="resume an interrupted study (Tuner.restore); finished trials stay done")
+    add_study(rs, positional=True)
+    add_store(rs)
+    rs.add_argument("--address", default=None, help="join a running Ray cluster (default: embedded local Ray)")
+    rs.set_defaults(func=cmd.cmd_resume)
+
+
+def reading_parent() -> argparse.ArgumentParser:
+    """The options every command that reads the store shares."""
+    p = argparse.ArgumentParser(add_help=False)
+    add_store(p)
+    p.add_argument("--skip-bad", action="store_true", help="skip corrupt or wrong-typed Parquet files (named on "
+                   "stderr)")
+    return p
+
+
+def add_tables(sub, parent: argparse.ArgumentParser) -> None:
+    """table, plot and query: what a study shows."""
+    from study.analysis.figures import FIGURES
+    from study.analysis.tables import TABLES
+
+    table_kinds, figure_kinds = list(TABLES), [*FIGURES, "all"]
+    tb = sub.add_parser("table", parents=[parent], help="an ablation table from stored Parquet",
+                        description="An ablation table, aggregated over seeds (mean, std, n, 95% CI).")
+    tb.add_argument("kind", metavar="KIND", help=f"one of: {', '.join(table_kinds)}")
+    add_study(tb, required=True)
+    add_format(tb)
+    tb.add_argument("--paper", action="store_true", help="add the published rows, labelled [paper]")
+    tb.add_argument("--wide", nargs="?", const="exact_acc", metavar="METRIC",
+                    help="one column per setting with METRIC's 'mean ± 95%% CI' over seeds (default: exact_acc)")
+    tb.set_defaults(func=cmd.cmd_table)
+
+    pl_ = sub.add_parser("plot", parents=[parent], help="figures (PNG and PDF) from stored Parquet",
+                         description="Figures (PNG and PDF) from the stored Parquet alone.")
+    pl_.add_argument("kind", metavar="KIND", help=f"one of: {', '.join(figure_kinds)}")
+    add_study(pl_, required=True)
+    pl_.add_argument("--figures", "--out", dest="figures", default="results/figures", metavar="DIR",
+                     help="output folder (default: %(default)s; --out is the same option)")
+    pl_.set_defaults(func=cmd.cmd_plot)
+
+    q = sub.add_parser("query", parents=[parent], help="Polars SQL over all tables",
+                       description='SQL over the tables trials, train_curve, depth_eval, dynamics, perturbation. '
+                                   'Config columns have dotted names: quote them, e.g. "model.carry.rule".')
+    q.add_argument("sql", help="one SELECT statement")
+    add_study(q, default=None, help="restrict every table to one study")
+    add_format(q)
+    q.set_defaults(func=cmd.cmd_query)
+
+
+def add_upkeep(sub, parent: argparse.ArgumentParser) -> None:
+    """compact, importance, report and ls: keeping and summarising a store."""
+    cp = sub.add_parser("compact", parents=[parent], help="merge a study's per-trial files, one file per table",
+                        description="Merge the complete trials of STUDY into one _compacted.parquet per table, "
+                                    "atomically, then remove their per-trial files: reading a study of thousands of "
+                                    "trials becomes reading five files. Reads stay correct during and after; a trial "
+                                    "that runs again later writes its own files, which take precedence. Best run "
+                                    "when the study is not running.")
+    add_study(cp, positional=True)
+    cp.add_argument("--grace", type=seconds, default=5.0, metavar="S",
+                    help="seconds between the compacted files appearing and the per-trial files going, so reads "
+                         "that listed them just before can finish (default: %(default)s)")
+    cp.set_defaults(func=cmd.cmd_compact)
+
+    im = sub.add_parser("importance", parents=[parent], help="which swept knob matters most (Optuna)",
+                        description="Rank the knobs a study swept by their importance for a metric, with Optuna's "
+                                    "importance evaluators over the stored trials (fANOVA by default).")
+    add_study(im, positional=True)
+    im.add_argument("--metric", default=DEFAULT_METRIC, choices=list(METRICS),
+                    help="the trial metric to explain (default: %(default)s)")
+    im.add_argument("--evaluator", default="fanova", choices=["fanova", "ped_anova", "mdi"],
+                    help="Optuna's importance evaluator (default: %(default)s)")
+    add_format(im)
+    im.set_defaults(func=cmd.cmd_importance)
+
+    rp = sub.add_parser("report", parents=[parent], help="one self-contained HTML page of a study",
+                        description="Every table (with the papers' rows), every figure (inlined), the spec and each "
+                                    "trial's config, in one HTML file made from the stored Parquet alone.")
+    add_study(rp, positional=True)
+    rp.add_argument("--out", default=None, metavar="FILE", help="the HTML file (default: STUDY_report.html)")
+    rp.set_defaults(func=cmd.cmd_report)
+
+    ls = sub.add_parser("ls", parents=[parent], help="studies in the store, with completeness")
+    ls.set_defaults(func=cmd.cmd_ls)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="loopstudy",
+        description="Ablation studies of looped-transformer reasoners (InfiLoop, FPRM, TRM) on Ray Tune, "
+                    "with results in Parquet and tables/figures from Polars and matplotlib. The same words "
+                    "everywhere: --store ROOT (results root), --study NAME, --figures DIR.",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_trial(sub)
+    add_run(sub)
+    add_cluster(sub)
+    parent = reading_parent()
+    add_tables(sub, parent)
+    add_upkeep(sub, parent)
+    return p

@@ -1,0 +1,71 @@
+"""The driver's progress lines while a study runs: one per trial started / finished / failed / retried, and at most
+every STATUS_EVERY_S one saying what each running trial is doing (`train 40%`, `eval 12%`). A Ray Tune Callback;
+imports Ray, so the launcher imports it only when it builds a Tuner."""
+
+from __future__ import annotations
+
+import time
+
+from ray.tune import Callback
+
+from study.console import eprint
+
+STATUS_EVERY_S = 30.0  # the driver prints what the running trials are doing at most this often
+
+
+class Progress(Callback):
+    """Prints one line per change (trials done / running / failed, best objective so far) and, at most every
+    `status_every_s`, one line saying what each running trial is doing (train or eval, percent done)."""
+
+    def __init__(self, study_name: str, total: int, mode: str, status_every_s: float = STATUS_EVERY_S):
+        self.study_name, self.total, self.mode, self.status_every_s = study_name, total, mode, status_every_s
+        self.done = self.failed = self.retried = 0
+        self.active: set[str] = set()  # counted here: Tune's statuses lag behind these callbacks
+        self.best: float | None = None
+        self.doing: dict[str, str] = {}  # running trial -> "train 40%" / "eval 12%"
+        self.next_status = time.monotonic() + status_every_s
+
+    def _line(self, what: str) -> None:
+        best = "-" if self.best is None else f"{self.best:.3f}"
+        retried = f"  retried {self.retried}" if self.retried else ""
+        eprint(f"[{self.study_name}] {what:<26} done {self.done}/{self.total}  running {len(self.active)}  "
+               f"failed {self.failed}{retried}  best objective {best}")
+
+    @property
+    def finished(self) -> int:
+        """Trials that ended, well or not; fewer than `total` after fit() means the run was interrupted."""
+        return self.done + self.failed
+
+    def _ended(self, trial) -> None:
+        self.doing.pop(trial.trial_id, None)
+        self.active.discard(trial.trial_id)
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        self.active.add(trial.trial_id)
+        self._line(f"started {trial.trial_id}")
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        if "phase" in result:
+            self.doing[trial.trial_id] = f"{result['phase']} {100 * result.get('progress', 0):.0f}%"
+        if time.monotonic() >= self.next_status and self.doing:
+            self.next_status = time.monotonic() + self.status_every_s
+            eprint(f"[{self.study_name}] running: " + ", ".join(f"{t} {d}" for t, d in sorted(self.doing.items())))
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self._ended(trial)
+        self.done += 1
+        value = (trial.last_result or {}).get("objective")
+        if value is not None and (self.best is None or (value > self.best) == (self.mode == "max")):
+            self.best = value
+        self._line(f"finished {(trial.last_result or {}).get('trial_id', trial.trial_id)}")
+
+    def on_trial_recover(self, iteration, trials, trial, **info):
+        # the trial's worker or node died and Tune runs it again from its last checkpoint (FailureConfig)
+        self._ended(trial)
+        self.retried += 1
+        self._line(f"retrying {trial.trial_id}")
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        self._ended(trial)
+        self.failed += 1
+        self._line(f"failed {trial.trial_id}")
