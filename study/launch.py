@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from study.config import ConfigError, build_trial, to_dict, trial_id
+from study.config import ConfigError, to_dict, trial_id
 from study.console import eprint
 from study.metrics import DEFAULT_METRIC
-from study.paths import is_uri, resolve_root
-from study.spec import Study, check_resources
+from study.paths import resolve_root
+from study.preflight import is_loopback, preflight_study
+from study.spec import Study
 from study.store import Store
 from study.store.layout import spec_file, tune_dir
 from study.trainable import trainable
@@ -30,10 +31,6 @@ COMPACT_AT = 500  # per-trial files per table at which a finished run compacts i
 
 
 # -- cluster and storage checks ----------------------------------------------------------------------------------------
-def is_loopback(host: str) -> bool:
-    return host in ("localhost", "::1") or host.startswith("127.")
-
-
 def init_ray(address: str | None, num_cpus: int | None = None) -> None:
     """Embedded local Ray (default) or join a cluster. A loopback address keeps this driver on 127.0.0.1 too."""
     # Frequent small checkpoints are by design (resume after a lost node); Tune's sync warning is noise here.
@@ -61,34 +58,6 @@ def cluster_nodes() -> list[dict[str, Any]]:
     import ray
 
     return [n for n in ray.nodes() if n.get("Alive")]
-
-
-def check_storage(root: str, nodes: list[dict[str, Any]], shared: bool, data_files: list[str] = ()) -> None:
-    """Paths local to this machine (the results root, task data files) cannot serve nodes on other machines:
-    refuse them up front."""
-    if shared:
-        return
-    local = ([root] if not is_uri(root) else []) + sorted(set(data_files))
-    if not local:
-        return
-    addresses = {n.get("NodeManagerAddress", "") for n in nodes}
-    import ray
-
-    here = ray.util.get_node_ip_address()
-    remote = sorted(a for a in addresses if a and a != here and not (is_loopback(a) and is_loopback(here)))
-    if remote:
-        what = (f"storage {root!r} is a path on this machine" if local[0] == root else
-                f"task data {local[0]!r} is a file on this machine")
-        raise ConfigError(
-            f"{what}, but the cluster has nodes on other machines ({', '.join(remote)}); their trials could not "
-            "reach it. Use shared storage: an NFS path mounted on every node (and pass --shared-storage), or for "
-            "results an object store such as s3://bucket/prefix.")
-
-
-def data_files(study: Study) -> list[str]:
-    """Task data files the study's trials read (the base config's for an Optuna search)."""
-    configs = study.trials or [build_trial({**study.spec.base(), "seed": study.spec.sweep.seeds[0]}, study.source)]
-    return [p for c in configs for p in (c.task.csv, c.task.test_csv) if p]
 
 
 def storage_root(study: Study, override: str | None) -> str:
@@ -177,8 +146,7 @@ def run_study(study: Study, *, address: str | None = None, storage: str | None =
     init_ray(address, num_cpus)
     import ray
 
-    check_resources(study, ray.cluster_resources())
-    check_storage(root, cluster_nodes(), shared_storage, data_files(study))
+    preflight_study(study, store, cluster=ray.cluster_resources(), nodes=cluster_nodes(), shared=shared_storage)
     save_spec(store, study)
     done = store.completed_trials(study.name)
     pending = [c for c in study.trials if trial_id(c) not in done]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -147,14 +148,14 @@ class Resources(Strict):
     @field_validator("cpu")
     @classmethod
     def _cpu(cls, v: float) -> float:
-        if not v > 0:
+        if not 0 < v < math.inf:
             raise ValueError(f"{v} is not allowed; a trial needs cpu > 0 (e.g. 1, or 0.5 to share a core)")
         return v
 
     @field_validator("gpu")
     @classmethod
     def _gpu(cls, v: float) -> float:
-        if v < 0:
+        if not 0 <= v < math.inf:  # NaN too: Ray would wait forever for a NaN GPU
             raise ValueError(f"{v} is not allowed; it must be >= 0 (a fraction such as 0.5 shares one GPU)")
         return v
 
@@ -320,20 +321,3 @@ def study_from_data(data: dict[str, Any], source: str) -> Study:
             study.trials.append(cfg)
     check_data(study.trials, source)
     return study
-
-
-def check_resources(study: Study, cluster: dict[str, float]) -> None:
-    """Refuse what the cluster cannot give, before any trial starts."""
-    res = study.spec.resources
-    if res.gpu > 0 and cluster.get("GPU", 0) <= 0:
-        raise ConfigError(f"{study.source}: resources.gpu={res.gpu} but the cluster has no GPUs; "
-                          "allowed here: resources.gpu: 0 (or join a cluster with GPUs via --address)")
-    if res.gpu == 0 and any(c.train.device.startswith("cuda") for c in study.trials):
-        raise ConfigError(f"{study.source}: train.device is 'cuda' but resources.gpu=0, so no trial would get a "
-                          "GPU; set resources.gpu (1, or a fraction such as 0.5 to share one)")
-    if res.gpu > 0 and any(c.train.device == "cpu" for c in study.trials):
-        raise ConfigError(f"{study.source}: resources.gpu={res.gpu} but train.device is 'cpu'; set "
-                          "train.device: cuda")
-    if res.cpu > cluster.get("CPU", 0):
-        raise ConfigError(f"{study.source}: resources.cpu={res.cpu} but the cluster has only "
-                          f"{cluster.get('CPU', 0):g} CPUs")

@@ -16,10 +16,11 @@ from pathlib import Path
 import torch
 
 import study
-from study.config import ConfigError, TrialConfig, to_dict, trial_id
+from study.config import TrialConfig, to_dict, trial_id
 from study.evaluate import EvalResult, evaluate
 from study.metrics import summary_metrics
 from study.models.reasoner import build_reasoner
+from study.preflight import preflight_trial
 from study.store import Store, config_row, now_utc
 from study.tasks.loader import load_task
 from study.train import Trainer, TrainLog, seed_everything
@@ -52,8 +53,7 @@ def run_trial(
     checkpoint(trainer) is called every train.checkpoint_every batches; resume(trainer) may load a checkpoint
     into the fresh trainer before training starts; on_eval_progress(done, total) follows the evaluation's steps.
     """
-    if cfg.train.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"train.device={cfg.train.device!r} but this machine has no CUDA GPU; use train.device=cpu")
+    preflight_trial(cfg, store)
     tid = trial_id(cfg)
     started = now_utc()
     t0 = time.perf_counter()

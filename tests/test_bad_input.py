@@ -93,6 +93,13 @@ def write_csv(path: Path, rows: list[str]) -> Path:
     (BASE + "task: {name: sudoku, size: 4, n_train: 1000000000}\n", ["task.n_train=1000000000", "at most"]),
     (BASE + "train: {steps: 1000000000}\n", ["train.steps=1000000000", "at most"]),
     (BASE + "train: {batch_size: 1000000000}\n", ["train.batch_size", "at most"]),
+    (BASE + "train: {lr: .inf}\n", ["train.lr=inf", "finite"]),
+    (BASE + "model: {carry: {beta_init: .inf}}\n", ["model.carry.beta_init=inf", "finite"]),
+    (BASE + "model: {carry: {clip: .inf}}\n", ["model.carry.clip=inf", "finite"]),
+    (BASE + "eval: {perturb_eps: [.nan]}\n", ["eval.perturb_eps=[nan]", "finite"]),
+    (BASE + "eval: {tau: .nan}\n", ["eval.tau=nan", "finite"]),
+    (BASE + "resources: {gpu: .nan}\n", ["resources.gpu", "must be >= 0"]),
+    (BASE + "train: {betas: [0.9, 1.0]}\n", ["train.betas=", "lie in [0, 1)"]),
 ])
 def test_bad_spec_values_are_refused_naming_file_and_key(tmp_path, text, needles):
     with pytest.raises(ConfigError) as e:
@@ -104,7 +111,7 @@ def test_bad_spec_values_are_refused_naming_file_and_key(tmp_path, text, needles
 
 
 def test_cuda_without_gpus_is_refused_before_any_trial(tmp_path):
-    from study.spec import check_resources
+    from study.preflight import check_resources
 
     study = load_study(write(tmp_path, BASE + "train: {device: cuda}\n"))
     with pytest.raises(ConfigError, match="train.device is 'cuda' but resources.gpu=0"):

@@ -95,6 +95,10 @@ class Store:
         """A small text file under the root (e.g. _studies/<name>.yaml); readers of tables ignore '_' dirs."""
         self._root.put_text(rel, text)
 
+    def remove_text(self, rel: str) -> None:
+        """Remove a small text file under the root (written by put_text)."""
+        self._root.fs.delete_file(f"{self._root.root}/{rel}")
+
     def get_text(self, rel: str) -> str | None:
         """A small text file under the root; None when there is none."""
         return self._root.get_text(rel)

@@ -50,6 +50,11 @@ def compacting_marker(study: str) -> str:
     return f"_compacting/{study}.json"
 
 
+def write_probe(token: str) -> str:
+    """A file a command writes and removes to learn that the root can be written (a dot-file: never read)."""
+    return f".write-check-{token}"
+
+
 def tune_dir(root: str) -> str:
     """Where Tune keeps experiment state: beside the tables, ignored by readers."""
     return f"{root.rstrip('/')}/_tune"

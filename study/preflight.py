@@ -1,0 +1,101 @@
+"""Every check that needs more than the spec itself, in one place and in the order a command meets them: what the
+cluster can give, where the trials can reach the results and data, whether the store can be written, whether this
+machine has the device a trial asks for. Each refusal is one ConfigError line naming the fix, raised before any
+trial starts (or, for `loopstudy trial`, before training)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from study.config import ConfigError, TrialConfig, build_trial
+from study.paths import is_uri
+from study.spec import Study
+from study.store import Store, StoreError
+from study.store.layout import write_probe
+
+
+def is_loopback(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def check_resources(study: Study, cluster: dict[str, float]) -> None:
+    """Refuse what the cluster cannot give."""
+    res = study.spec.resources
+    if res.gpu > 0 and cluster.get("GPU", 0) <= 0:
+        raise ConfigError(f"{study.source}: resources.gpu={res.gpu} but the cluster has no GPUs; "
+                          "allowed here: resources.gpu: 0 (or join a cluster with GPUs via --address)")
+    if res.gpu == 0 and any(c.train.device.startswith("cuda") for c in study.trials):
+        raise ConfigError(f"{study.source}: train.device is 'cuda' but resources.gpu=0, so no trial would get a "
+                          "GPU; set resources.gpu (1, or a fraction such as 0.5 to share one)")
+    if res.gpu > 0 and any(c.train.device == "cpu" for c in study.trials):
+        raise ConfigError(f"{study.source}: resources.gpu={res.gpu} but train.device is 'cpu'; set "
+                          "train.device: cuda")
+    if res.cpu > cluster.get("CPU", 0):
+        raise ConfigError(f"{study.source}: resources.cpu={res.cpu} but the cluster has only "
+                          f"{cluster.get('CPU', 0):g} CPUs")
+
+
+def data_files(study: Study) -> list[str]:
+    """Task data files the study's trials read (the base config's for an Optuna search)."""
+    configs = study.trials or [build_trial({**study.spec.base(), "seed": study.spec.sweep.seeds[0]}, study.source)]
+    return [p for c in configs for p in (c.task.csv, c.task.test_csv) if p]
+
+
+def check_storage(root: str, nodes: list[dict[str, Any]], shared: bool, data_files: list[str] = (),
+                  here: str | None = None) -> None:
+    """Paths local to this machine (the results root, task data files) cannot serve nodes on other machines.
+    here: this machine's node address (default: Ray's)."""
+    if shared:
+        return
+    local = ([root] if not is_uri(root) else []) + sorted(set(data_files))
+    if not local:
+        return
+    if here is None:
+        import ray
+
+        here = ray.util.get_node_ip_address()
+    addresses = {n.get("NodeManagerAddress", "") for n in nodes}
+    remote = sorted(a for a in addresses if a and a != here and not (is_loopback(a) and is_loopback(here)))
+    if remote:
+        what = (f"storage {root!r} is a path on this machine" if local[0] == root else
+                f"task data {local[0]!r} is a file on this machine")
+        raise ConfigError(
+            f"{what}, but the cluster has nodes on other machines ({', '.join(remote)}); their trials could not "
+            "reach it. Use shared storage: an NFS path mounted on every node (and pass --shared-storage), or for "
+            "results an object store such as s3://bucket/prefix.")
+
+
+def check_writable(store: Store) -> None:
+    """Write and remove a probe file under the root, so a read-only or full store fails now, not after training."""
+    probe = write_probe(uuid.uuid4().hex)
+    try:
+        store.put_text(probe, "loopstudy write check\n")
+        store.remove_text(probe)
+    except (OSError, StoreError) as e:
+        reason = getattr(e, "strerror", None) or str(e).splitlines()[0]
+        raise ConfigError(f"results store {store.uri} cannot be written ({reason}); nothing was run. Give a "
+                          "writable --store") from None
+
+
+def check_device(cfg: TrialConfig) -> None:
+    """A CUDA device asked of a machine without one."""
+    import torch
+
+    if cfg.train.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"train.device={cfg.train.device!r} but this machine has no CUDA GPU; use train.device=cpu")
+
+
+def preflight_study(study: Study, store: Store, *, cluster: dict[str, float], nodes: list[dict[str, Any]],
+                    shared: bool) -> None:
+    """Every check of a study on a cluster, in order."""
+    check_resources(study, cluster)
+    check_storage(store.uri, nodes, shared, data_files(study))
+    check_writable(store)
+
+
+def preflight_trial(cfg: TrialConfig, store: Store | None) -> None:
+    """Every check of one trial on this machine, in order."""
+    check_device(cfg)
+    if store is not None:
+        check_writable(store)
