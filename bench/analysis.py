@@ -24,14 +24,15 @@ import pyarrow.parquet as pq
 from study.analysis import figures, tables
 from study.config import TrialConfig, to_dict
 from study.store import SCHEMAS, Store, config_row, trials_schema
+from study.store.layout import table_dir
 
 RULES = ("carry_last", "infiloop", "damped")
 
 
 def write_study(root: Path, study: str, n_files: int, rows_per_file: int, seed: int = 0) -> None:
     rng = np.random.default_rng(seed)
-    depth_dir = root / "depth_eval" / f"study={study}"
-    trial_dir = root / "trials" / f"study={study}"
+    depth_dir = Path(table_dir(str(root), "depth_eval", study))
+    trial_dir = Path(table_dir(str(root), "trials", study))
     depth_dir.mkdir(parents=True)
     trial_dir.mkdir(parents=True)
     depths = np.array([468 * 2**k for k in range(6)])
@@ -57,8 +58,9 @@ def write_study(root: Path, study: str, n_files: int, rows_per_file: int, seed: 
 
 
 def baseline(root: Path, study: str) -> pl.DataFrame:
-    depth = pl.read_parquet(root / "depth_eval" / f"study={study}" / "*.parquet")
-    trials = pl.read_parquet(root / "trials" / f"study={study}" / "*.parquet").select("trial_id", "model.carry.rule")
+    depth = pl.read_parquet(f"{table_dir(str(root), 'depth_eval', study)}/*.parquet")
+    trials = (pl.read_parquet(f"{table_dir(str(root), 'trials', study)}/*.parquet")
+              .select("trial_id", "model.carry.rule"))
     return (depth.filter(pl.col("difficulty").is_null()).join(trials, on="trial_id")
             .group_by("model.carry.rule", "depth_layers")
             .agg(pl.col("exact_acc").mean(), pl.col("exact_acc").std().alias("std"), pl.len()))

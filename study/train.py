@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from study.atomic import atomic_target
 from study.config import TrainConfig
 from study.models.reasoner import Reasoner
 from study.rows import TrainLog
@@ -118,12 +119,9 @@ class Trainer:
         self.history = [TrainLog(**h) for h in sd["history"]]
 
     def save(self, path: str | Path) -> None:
-        """Atomic: write a temporary file, then rename."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        torch.save(self.state_dict(), tmp)
-        tmp.replace(path)
+        """Atomically (study.atomic): a reader, or a resume after a crash, sees the old checkpoint or the new."""
+        with atomic_target(str(Path(path).resolve())) as tmp:
+            torch.save(self.state_dict(), tmp)
 
     def load(self, path: str | Path) -> None:
         self.load_state_dict(torch.load(path, map_location=self.device, weights_only=False))
