@@ -29,9 +29,10 @@ from study.store import TABLES, Store
 class Results:
     """One results store. Every method reads Parquet only; nothing needs a GPU, torch or a Ray cluster."""
 
-    def __init__(self, root: str | Path = "results", skip_bad: bool = False):
+    def __init__(self, root: str | Path = "results", skip_bad: bool = False, include_stale: bool = False):
         self.store = Store(root).require()
         self.skip_bad = skip_bad
+        self.include_stale = include_stale  # trials of earlier versions of a study's spec (study.membership)
 
     def __repr__(self) -> str:
         return f"Results({self.store.uri!r})"
@@ -58,16 +59,16 @@ class Results:
 
     def table(self, kind: str, study: str, paper: bool = False, wide: str | None = None) -> pl.DataFrame:
         """An ablation table, as `loopstudy table KIND --study STUDY [--paper] [--wide METRIC]` prints it."""
-        df = build_table(self.store, study, kind, paper=paper, skip_bad=self.skip_bad)
+        df = build_table(self.store, study, kind, paper=paper, skip_bad=self.skip_bad, include_stale=self.include_stale)
         return widen(df, wide) if wide else df
 
     def figures(self, study: str, kind: str = "all", out: str | Path = "results/figures") -> list[Path]:
         """Write figure `kind` (or all) as PNG and PDF into `out`, as `loopstudy plot`; returns the files."""
-        return plot(self.store, study, kind, out, skip_bad=self.skip_bad)
+        return plot(self.store, study, kind, out, skip_bad=self.skip_bad, include_stale=self.include_stale)
 
     def report(self, study: str, out: str | Path | None = None) -> Path:
         """One self-contained HTML page of the study, as `loopstudy report`; returns its path."""
-        return report(self.store, study, out, self.skip_bad)
+        return report(self.store, study, out, self.skip_bad, self.include_stale)
 
     def sql(self, query: str, study: str | None = None) -> pl.DataFrame:
         """Polars SQL over every table, as `loopstudy query`."""
@@ -75,9 +76,9 @@ class Results:
 
     def importance(self, study: str, metric: str = DEFAULT_METRIC, evaluator: str = "fanova") -> pl.DataFrame:
         """Which swept knob matters most for `metric`, by Optuna's evaluators, as `loopstudy importance`."""
-        return importance(self.store, study, metric, evaluator, self.skip_bad)
+        return importance(self.store, study, metric, evaluator, self.skip_bad, self.include_stale)
 
 
-def open_results(root: str | Path = "results", skip_bad: bool = False) -> Results:
+def open_results(root: str | Path = "results", skip_bad: bool = False, include_stale: bool = False) -> Results:
     """The results store at `root` (StoreError when nothing was ever written there)."""
-    return Results(root, skip_bad)
+    return Results(root, skip_bad, include_stale)

@@ -72,8 +72,8 @@ def param_space(study: Study, root: str, pending: list, threads: int) -> dict[st
     from ray import tune
 
     spec, sweep = study.spec, study.spec.sweep
-    common = {"store": root, "study": spec.name, "threads": threads,
-              "metric": sweep.optuna.metric if sweep.optuna else DEFAULT_METRIC, "eval_reports": sweep.asha is None}
+    common = {"store": root, "study": spec.name, "threads": threads, "spec_hash": study.spec_hash,
+              "metric": sweep.optuna.metric if sweep.optuna else DEFAULT_METRIC}
     if sweep.optuna is not None:
         space = {}
         for key, p in sweep.optuna.space.items():
@@ -98,15 +98,17 @@ def build_tuner(study: Study, root: str, pending: list, threads: int):
     mode = sweep.optuna.mode if sweep.optuna else "max"
     search_alg, num_samples, scheduler = None, 1, None
     if sweep.optuna is not None:
-        from ray.tune.search.optuna import OptunaSearch
+        from study.search import StoppedIsPruned
 
-        search_alg = OptunaSearch(seed=sweep.seeds[0])
+        search_alg = StoppedIsPruned(seed=sweep.seeds[0])
         num_samples = sweep.optuna.num_samples
     if sweep.asha is not None:
         from ray.tune.schedulers import ASHAScheduler
 
-        scheduler = ASHAScheduler(time_attr="training_iteration", max_t=sweep.asha.max_t,
-                                  grace_period=sweep.asha.grace_period, reduction_factor=sweep.asha.reduction_factor)
+        # time = the training step (checkpoint and evaluation reports repeat it: they never advance a rung); a
+        # trial past the last rung is not stopped at max_t but trains on and is evaluated
+        scheduler = ASHAScheduler(time_attr="step", max_t=sweep.asha.max_t, grace_period=sweep.asha.grace_period,
+                                  reduction_factor=sweep.asha.reduction_factor, stop_last_trials=False)
     resources = {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu}
     total = num_samples if sweep.optuna else len(pending)
     from study.progress import Progress
@@ -163,15 +165,34 @@ def run_study(study: Study, *, address: str | None = None, storage: str | None =
     tuner, progress = build_tuner(study, root, pending, threads)
     grid = tuner.fit()
     errors = sum(1 for r in grid if r.error is not None)
+    record_endings(store, study.name, grid)
     took = f"{time.perf_counter() - t0:.0f}s"
     if progress.finished < n:  # Tune returns normally after Ctrl-C: do not call that finished
         eprint(f"[{study.name}] interrupted after {took}: {progress.done} trial(s) complete this run, "
                f"{progress.failed} failed, {n - progress.finished} not finished. Complete trials stay in {root}; "
                f"continue with: loopstudy resume {study.name} --store {root}")
         return {"ran": len(grid), "skipped": skipped, "errors": errors, "interrupted": True}
-    eprint(f"[{study.name}] finished in {took}: {len(grid) - errors} ok, {errors} failed")
+    stopped = f", {progress.stopped} stopped early (ASHA)" if progress.stopped else ""
+    eprint(f"[{study.name}] finished in {took}: {len(grid) - errors - progress.stopped} complete{stopped}, "
+           f"{errors} failed")
     maybe_compact(store, study.name, compact_at)
     return {"ran": len(grid), "skipped": skipped, "errors": errors}
+
+
+def record_endings(store: Store, name: str, grid) -> None:
+    """Say in each trial's row how it ended when the trial could not: a trial that Tune's scheduler stopped (its
+    last report is not `final`) or that failed still has its `running` row; it becomes `stopped` or `failed`,
+    keeping the step it reached, its last objective and its train_curve."""
+    from study.store import now_utc
+
+    for result in grid:
+        tid = (result.metrics or {}).get("trial_id")
+        status = "failed" if result.error is not None else None if (result.metrics or {}).get("final") else "stopped"
+        if tid is None or status is None:
+            continue
+        row = store.trial_row(name, tid)
+        if row is not None and row.get("status") == "running":
+            store.write("trials", name, tid, [{**row, "status": status, "ended": now_utc()}])
 
 
 def maybe_compact(store: Store, name: str, compact_at: int) -> None:
@@ -211,6 +232,7 @@ def resume_study(name: str, *, storage: str, address: str | None = None) -> dict
                                resume_unfinished=True, resume_errored=True, param_space=space)
     grid = tuner.fit()
     errors = sum(1 for r in grid if r.error is not None)
+    record_endings(store, name, grid)
     missing = [c for c in study.trials if trial_id(c) not in store.completed_trials(name)]
     if missing and not study.is_optuna:  # trials Tune never got to before the driver died
         eprint(f"[{name}] {len(missing)} trial(s) were not in the restored experiment: running them")

@@ -19,7 +19,7 @@ class Progress(Callback):
 
     def __init__(self, study_name: str, total: int, mode: str, status_every_s: float = STATUS_EVERY_S):
         self.study_name, self.total, self.mode, self.status_every_s = study_name, total, mode, status_every_s
-        self.done = self.failed = self.retried = 0
+        self.done = self.failed = self.retried = self.stopped = 0
         self.active: set[str] = set()  # counted here: Tune's statuses lag behind these callbacks
         self.best: float | None = None
         self.doing: dict[str, str] = {}  # running trial -> "train 40%" / "eval 12%"
@@ -28,6 +28,7 @@ class Progress(Callback):
     def _line(self, what: str) -> None:
         best = "-" if self.best is None else f"{self.best:.3f}"
         retried = f"  retried {self.retried}" if self.retried else ""
+        retried += f"  stopped {self.stopped}" if self.stopped else ""
         eprint(f"[{self.study_name}] {what:<26} done {self.done}/{self.total}  running {len(self.active)}  "
                f"failed {self.failed}{retried}  best objective {best}")
 
@@ -54,6 +55,10 @@ class Progress(Callback):
     def on_trial_complete(self, iteration, trials, trial, **info):
         self._ended(trial)
         self.done += 1
+        if not (trial.last_result or {}).get("final"):  # the scheduler ended it (ASHA): it keeps its rows
+            self.stopped += 1
+            self._line(f"stopped {(trial.last_result or {}).get('trial_id', trial.trial_id)}")
+            return
         value = (trial.last_result or {}).get("objective")
         if value is not None and (self.best is None or (value > self.best) == (self.mode == "max")):
             self.best = value

@@ -76,20 +76,31 @@ class PerturbationRow:
     rel_distance: float
 
 
+# A trial's life as its trials row tells it: `running` while it trains (rewritten at every training log, with the
+# train_curve so far), then `complete` (every table written, this row last), `stopped` (an early-stopping scheduler
+# ended it: what it did stays) or `failed`. Only complete trials enter tables and figures.
+STATUSES = ("running", "stopped", "failed", "complete")
+
+
 @dataclass
 class TrialRecord:
     """What the trials table holds about a run besides its config columns and summary metrics
-    (study.metrics.METRICS): written last, so its presence marks the trial's results complete."""
+    (study.metrics.METRICS). step: the last training step it reached; objective: the last value the scheduler and
+    searcher saw (training accuracy while it trains, the study's metric once complete). spec_hash: the version of
+    the study spec it ran under (study membership)."""
 
     status: str
     params: int
     started: datetime
-    ended: datetime
+    ended: datetime | None
     wall_s: float
     device: str
     package_version: str
     git_commit: str | None
     node: str | None
+    step: int | None = None
+    objective: float | None = None
+    spec_hash: str | None = None
 
 
 # table name -> the row dataclass of its measured rows (the trials table is TrialRecord + metrics + config)

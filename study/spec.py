@@ -14,7 +14,9 @@ starts, naming the file, the dotted key and the allowed values. Torch-free and R
 from __future__ import annotations
 
 import copy
+import hashlib
 import itertools
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +40,7 @@ from study.config import (
     set_dotted,
     trial_id,
 )
+from study.config.reads import unread, unread_fields
 from study.metrics import DEFAULT_METRIC, SearchMetric
 from study.store.layout import spec_file
 
@@ -84,10 +87,12 @@ class OptunaSpec(Strict):
 
 
 class AshaSpec(Strict):
-    """Early stopping on the training exact accuracy reported every log_every steps (time = reports)."""
+    """Early stopping (ASHA) on the training exact accuracy reported every train.log_every steps. Time is the
+    training step: rungs at grace_period * reduction_factor^k steps, up to max_t. A trial that passes the last rung
+    trains on and is evaluated; a stopped one keeps its rows (status `stopped`)."""
 
     max_t: int = 100
-    grace_period: int = 2
+    grace_period: int = 10
     reduction_factor: float = 2.0
 
     @model_validator(mode="after")
@@ -200,6 +205,17 @@ class Study:
     def is_optuna(self) -> bool:
         return self.spec.sweep.optuna is not None
 
+    @property
+    def spec_hash(self) -> str:
+        """The version of what the study runs: its base trial and sweep (not its description, storage, resources,
+        concurrency or sample count). Every trial row keeps it; the trials of an Optuna search are those run
+        under the current version (study.membership)."""
+        sweep = self.spec.sweep.model_dump(exclude={"max_concurrent", "max_failures"})
+        if sweep.get("optuna"):
+            sweep["optuna"].pop("num_samples", None)
+        text = json.dumps({**self.spec.base(), "sweep": sweep}, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
 
 def _with(base: dict[str, Any], overrides: dict[str, Any], source: str = "<spec>") -> dict[str, Any]:
     out = copy.deepcopy(base)
@@ -256,9 +272,8 @@ def load_study(path: str | Path, overrides: list[str] | None = None) -> Study:
     return study_from_data(data, str(path))
 
 
-def load_saved_study(store, name: str) -> Study:
-    """The spec a study was run with, as saved beside its results (`<root>/_studies/<name>.yaml`; its data paths
-    are already absolute). ConfigError when the store has no such study."""
+def _saved_data(store, name: str) -> tuple[dict[str, Any], str]:
+    """(the saved spec's data, where it is) for a study; ConfigError when the store has no such study."""
     import yaml
 
     text = store.get_text(spec_file(name))
@@ -269,7 +284,22 @@ def load_saved_study(store, name: str) -> Study:
     data = yaml.safe_load(text)
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping at the top level")
-    return study_from_data(data, source)
+    return data, source
+
+
+def load_saved_study(store, name: str) -> Study:
+    """The spec a study was run with, as saved beside its results (`<root>/_studies/<name>.yaml`; its data paths
+    are already absolute), expanded to its trials. ConfigError when the store has no such study."""
+    return study_from_data(*_saved_data(store, name))
+
+
+def saved_spec(store, name: str) -> Study:
+    """The saved spec validated as a spec only (its trials not resolved: that needs the data files it names)."""
+    data, source = _saved_data(store, name)
+    try:
+        return Study(StudySpec.model_validate(data), source, data)
+    except ValidationError as e:
+        raise ConfigError(describe_error(e, source, StudySpec)) from None
 
 
 def study_from_data(data: dict[str, Any], source: str) -> Study:
@@ -310,14 +340,41 @@ def study_from_data(data: dict[str, Any], source: str) -> Study:
         check_data(checked, source)
         return study
     seen = set()
-    for over in grid_points(sweep):
+    points = grid_points(sweep)
+    configs = []
+    for over in points:
         for k in over:
             if k not in ("seed", "label") and k.split(".")[0] not in ("task", "model", "train", "eval"):
                 raise ConfigError(f"{source}: sweep key {k!r} must start with task., model., train. or eval.")
         cfg = build_trial(_with(base, over, source), f"{source} (sweep point {over})")
+        configs.append(cfg)
         tid = trial_id(cfg)
         if tid not in seen:  # two points that resolve to the same config run once
             seen.add(tid)
             study.trials.append(cfg)
+    check_sweep_reads(points, configs, source)
     check_data(study.trials, source)
     return study
+
+
+def check_sweep_reads(points: list[dict[str, Any]], configs: list[TrialConfig], source: str) -> None:
+    """Refuse a sweep that cannot change what it claims to (study.config.reads): a swept key that no trial it is
+    set in reads, and two sweep points that differ only in keys they do not read (the same trial twice, under two
+    names or settings)."""
+    swept = sorted({k for over in points for k in over} - {"seed", "label"})
+    for key in swept:
+        why = [unread(cfg, key) for cfg, over in zip(configs, points) if key in over]
+        if why and all(why):
+            raise ConfigError(f"{source}: sweep key {key} is never read: {why[0]}, so its values cannot change any "
+                              "trial. Remove it, or sweep it together with what makes it matter")
+    same: dict[str, tuple[dict[str, Any], str]] = {}
+    for cfg, over in zip(configs, points):
+        idle = unread_fields(cfg, [k for k in swept if k in over])
+        key, tid = trial_id(cfg, leave_out=tuple(idle)), trial_id(cfg)
+        if key in same and same[key][1] != tid:
+            first = {k: v for k, v in same[key][0].items() if k != "seed"}
+            raise ConfigError(
+                f"{source}: sweep points {first} and {({k: v for k, v in over.items() if k != 'seed'})} are the same "
+                f"trial: {', '.join(f'{k} is not read ({w})' for k, w in idle.items())}. Drop one, or use "
+                "sweep.variants to pair each value with what reads it")
+        same.setdefault(key, (over, tid))

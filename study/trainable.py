@@ -4,7 +4,9 @@ Grid studies hand each trial its resolved config as JSON text; Optuna studies ha
 searcher's dotted picks. The trial checks its own files first (O(1): a trial complete in storage reports and
 ends), writes its rows to the store itself, and sends Tune only a few numbers: `objective` is the training
 batch's exact accuracy while training and the spec's final metric at the end (OptunaSearch and ASHA need it in
-every report); `phase` and `progress` feed the driver's status lines.
+every report); `step` is the training step, ASHA's time (checkpoint and evaluation reports repeat it, so they
+never advance a rung); `final` marks the last report of a trial that completed (one without it was stopped);
+`phase` and `progress` feed the driver's status lines.
 """
 
 from __future__ import annotations
@@ -28,13 +30,10 @@ class TuneSession:
     """Everything one trial says to Tune: training logs, evaluation progress, checkpoints and the last report;
     and resuming from Tune's checkpoint after a lost node."""
 
-    def __init__(self, tid: str, node: str, steps: int, eval_reports: bool = True):
+    def __init__(self, tid: str, node: str, steps: int):
         self.tid, self.node, self.steps = tid, node, max(1, steps)
         self.last = {"train_exact_acc": 0.0, "train_loss": float("nan"), "step": 0}
         self.next_eval_report = time.monotonic() + EVAL_REPORT_S
-        # No evaluation reports under ASHA: each is a training_iteration to its rungs, and a trial stopped
-        # mid-evaluation would lose all its results.
-        self.eval_reports = eval_reports
 
     def report(self, objective: float, checkpoint=None, **extra) -> None:
         from ray import tune
@@ -69,7 +68,7 @@ class TuneSession:
     def callbacks(self) -> dict[str, Any]:
         """run_trial's keyword callbacks."""
         return {"on_log": self.on_log, "checkpoint": self.checkpoint, "resume": self.resume,
-                "on_eval_progress": self.on_eval_progress if self.eval_reports else None}
+                "on_eval_progress": self.on_eval_progress}
 
 
 def trial_config(config: dict[str, Any]) -> TrialConfig:
@@ -97,7 +96,7 @@ def stored_metrics(store: Store, study: str, tid: str) -> dict[str, float]:
 
 
 def trainable(config: dict[str, Any]) -> None:
-    """One Tune trial. config: trial (and searched), store, study, metric, threads, eval_reports."""
+    """One Tune trial. config: trial (and searched), store, study, metric, threads, spec_hash."""
     import ray
 
     from study.trial import run_trial
@@ -106,11 +105,11 @@ def trainable(config: dict[str, Any]) -> None:
     tid = trial_id(cfg)
     store = Store(config["store"])
     study_name, metric = config["study"], config["metric"]
-    session = TuneSession(tid, ray.get_runtime_context().get_node_id(), cfg.train.steps,
-                          config.get("eval_reports", True))
+    session = TuneSession(tid, ray.get_runtime_context().get_node_id(), cfg.train.steps)
     if store.is_complete(study_name, tid):  # e.g. two Optuna samples that resolve to the same config
         stored = stored_metrics(store, study_name, tid)
-        session.report(stored[metric], skipped=1, **stored)
+        session.report(stored[metric], skipped=1, final=1, **stored)
         return
-    metrics, _ = run_trial(cfg, study_name=study_name, store=store, node=session.node, **session.callbacks())
-    session.report(metrics[metric], **metrics)
+    metrics, _ = run_trial(cfg, study_name=study_name, store=store, node=session.node, metric=metric,
+                           spec_hash=config.get("spec_hash"), **session.callbacks())
+    session.report(metrics[metric], final=1, **metrics)

@@ -125,7 +125,8 @@ def test_compact_command_and_ls(tmp_path):
     from study.analysis.tables import list_studies
 
     row = list_studies(store).row(0, named=True)
-    assert row == {"study": "s", "complete_trials": 3, "incomplete_trials": 0, "compacted": True}
+    assert row == {"study": "s", "running": 0, "stopped": 0, "failed": 0, "complete": 3, "pending": 0, "stale": 0,
+                   "compacted": True}
 
 
 def test_a_trial_with_a_wrong_typed_file_is_not_compacted_and_keeps_its_files(tmp_path):

@@ -143,13 +143,13 @@ FIGSIZE = {"overthinking": (9.6, 4.6)}  # inches; the rest (6.4, 4.2)
 
 
 def plot(store: Store, study: str, kind: str, out: str | Path, skip_bad: bool = False,
-         ctx: Context | None = None) -> list[Path]:
+         ctx: Context | None = None, include_stale: bool = False) -> list[Path]:
     """Write figure `kind` (or 'all') as PNG and PDF into `out`; returns the files written."""
     kinds = list(FIGURES) if kind == "all" else [kind]
     for k in kinds:
         if k not in FIGURES:
             raise AnalysisError(f"unknown figure {k!r}; figures: {', '.join(FIGURES)}, all")
-    ctx = ctx or load_context(store, study, skip_bad)
+    ctx = ctx or load_context(store, study, skip_bad, include_stale)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     written = []

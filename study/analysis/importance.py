@@ -47,7 +47,7 @@ def distribution(values: pl.Series):
 
 
 def importance(store: Store, study: str, metric: str = DEFAULT_METRIC, evaluator: str = "fanova",
-               skip_bad: bool = False) -> pl.DataFrame:
+               skip_bad: bool = False, include_stale: bool = False) -> pl.DataFrame:
     """One row per swept knob: its importance for `metric` (summing to 1), most important first."""
     import optuna
     from optuna.distributions import CategoricalDistribution
@@ -56,7 +56,7 @@ def importance(store: Store, study: str, metric: str = DEFAULT_METRIC, evaluator
 
     if metric not in METRICS:
         raise AnalysisError(f"metric {metric!r} is not known; use one of {', '.join(METRICS)}")
-    trials = load_context(store, study, skip_bad).trials.filter(pl.col(metric).is_not_null())
+    trials = load_context(store, study, skip_bad, include_stale).trials.filter(pl.col(metric).is_not_null())
     knobs = swept_knobs(trials)
     if not knobs:
         raise AnalysisError(f"study {study!r} sweeps no knob (only seeds): there is nothing to rank")

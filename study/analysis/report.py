@@ -45,16 +45,17 @@ def html_table(df: pl.DataFrame, table_id: str) -> str:
     return f'<table id="{table_id}"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 
 
-def report(store: Store, study: str, out: str | Path | None = None, skip_bad: bool = False) -> Path:
+def report(store: Store, study: str, out: str | Path | None = None, skip_bad: bool = False,
+           include_stale: bool = False) -> Path:
     """Write the study's report to `out` (default `<study>_report.html`); returns its path."""
-    ctx = load_context(store, study, skip_bad)
+    ctx = load_context(store, study, skip_bad, include_stale)
     out = Path(out or f"{study}_report.html")
     sections: list[tuple[str, str, str]] = []  # (anchor, title, html)
 
     tables = []
     for kind in TABLES:
         try:
-            df = build_table(store, study, kind, paper=True, skip_bad=skip_bad)
+            df = build_table(store, study, kind, paper=True, skip_bad=skip_bad, ctx=ctx)
         except AnalysisError:
             continue  # this study has no data for that table
         tables.append(f"<h3>{kind}</h3>" + html_table(df, f"table-{kind}"))

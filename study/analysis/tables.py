@@ -13,11 +13,12 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
-from pathlib import Path
 
 import polars as pl
 
 from study.config import NON_IDENTITY, layers_per_step
+from study.console import eprint
+from study.membership import KINDS, membership
 from study.store import TABLES as STORE_TABLES
 from study.store import Store, StoreError
 
@@ -112,11 +113,19 @@ class Context:
         return self.store.scan(name, self.study, self.skip_bad).join(meta, on="trial_id", how="inner")
 
 
-def load_context(store: Store, study: str, skip_bad: bool = False) -> Context:
+def load_context(store: Store, study: str, skip_bad: bool = False, include_stale: bool = False) -> Context:
+    """The study's complete member trials (study.membership) with their setting labels; include_stale: the
+    complete trials of earlier versions of its spec too. Says on stderr how many were left out."""
     studies = store.studies()
     if study not in studies:
         raise AnalysisError(f"no study {study!r} in {store.uri}; studies there: {', '.join(studies) or 'none'}")
     df = store.scan("trials", study, skip_bad).filter(pl.col("status") == "complete").collect()
+    stale = membership(store, study).stale
+    n_stale = df.filter(pl.col("trial_id").is_in(sorted(stale))).height
+    if n_stale and not include_stale:
+        df = df.filter(~pl.col("trial_id").is_in(sorted(stale)))
+        eprint(f"loopstudy: {study}: {n_stale} complete trial(s) of an earlier version of its spec left out "
+               "(--all, or include_stale=True, includes them)")
     if df.height == 0:
         raise AnalysisError(f"study {study!r} has no completed trials yet in {store.uri} "
                             "(run `loopstudy status` to see what is pending)")
@@ -261,10 +270,12 @@ def paper_rows(kind: str, measured: pl.DataFrame) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=measured.schema)
 
 
-def build_table(store: Store, study: str, kind: str, paper: bool = False, skip_bad: bool = False) -> pl.DataFrame:
+def build_table(store: Store, study: str, kind: str, paper: bool = False, skip_bad: bool = False,
+                include_stale: bool = False, ctx: Context | None = None) -> pl.DataFrame:
+    """Table `kind` of the study (ctx: a loaded context to reuse, as the report does for every table)."""
     if kind not in TABLES:
         raise AnalysisError(f"unknown table {kind!r}; tables: {', '.join(TABLES)}")
-    ctx = load_context(store, study, skip_bad)
+    ctx = ctx or load_context(store, study, skip_bad, include_stale)
     fn, _ = TABLES[kind]
     df = fn(ctx)
     if df.height == 0:
@@ -331,14 +342,12 @@ def format_table(df: pl.DataFrame, fmt: str = "terminal") -> str:
 
 
 def list_studies(store: Store) -> pl.DataFrame:
-    """Studies with their complete trials, trials not complete (some of their files only), and whether they are
-    compacted. From listings alone: no table is read, so it stays fast at thousands of trials."""
+    """Studies with their trials by kind (study.membership: complete, stopped, running, failed, pending, stale)
+    and whether they are compacted; the same counts as `loopstudy status`."""
     rows = []
     for s in store.studies():
-        complete = store.completed_trials(s)
-        started = {Path(f).stem for table in STORE_TABLES for f in store.files(table, s)}
-        rows.append({"study": s, "complete_trials": len(complete), "incomplete_trials": len(started - complete),
-                     "compacted": store.is_compacted(s)})
+        counts = membership(store, s).counts()
+        rows.append({"study": s, **{k: counts[k] for k in KINDS}, "compacted": store.is_compacted(s)})
     return pl.DataFrame(rows) if rows else pl.DataFrame({"study": []})
 
 

@@ -114,23 +114,30 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    """Expected trials (from the saved spec) against complete ones in storage. No Ray needed."""
-    from study.config import trial_id
+    """The study's trials by kind (study.membership), from storage alone: the same counts as `ls`. No Ray."""
+    from study.membership import KINDS, membership
     from study.spec import load_saved_study
 
     store = _store(args.store)
-    study = load_saved_study(store, args.study)
-    done = store.completed_trials(args.study)
-    if study.is_optuna:
-        print(f"{args.study}: Optuna search, {len(done)} of {study.spec.sweep.optuna.num_samples} samples complete")
-        return 0
-    ids = [trial_id(c) for c in study.trials]
-    missing = [i for i in ids if i not in done]
-    print(f"{args.study}: {len(ids) - len(missing)}/{len(ids)} trials complete in {store.uri}")
-    for i in missing[:20]:
-        print(f"  pending {i}")
-    if len(missing) > 20:
-        print(f"  ... and {len(missing) - 20} more pending")
+    load_saved_study(store, args.study)  # says which studies exist when this one does not
+    m = membership(store, args.study)
+    counts = m.counts()
+    expected = m.optuna_samples or sum(counts[k] for k in KINDS if k != "stale")
+    what = "Optuna samples" if m.optuna_samples else "trials"
+    others = ", ".join(f"{counts[k]} {k}" for k in KINDS if k != "complete" and counts[k])
+    print(f"{args.study}: {counts['complete']}/{expected} {what} complete in {store.uri}" +
+          (f" ({others})" if others else ""))
+    for kind in ("pending", "running", "stopped", "failed"):
+        ids = sorted(t for t, s in m.status.items() if s == kind)
+        for i in ids[:20]:
+            print(f"  {kind} {i}")
+        if len(ids) > 20:
+            print(f"  ... and {len(ids) - 20} more {kind}")
+    if counts["stale"]:
+        print(f"  {counts['stale']} stale: trials of an earlier version of the spec, kept in storage, left out of "
+              "tables and figures (--all includes them)")
+    if m.note:
+        print(f"  note: {m.note}")
     return 0
 
 
@@ -145,7 +152,8 @@ def _store(root: str):
 def cmd_table(args: argparse.Namespace) -> int:
     from study.analysis.tables import build_table, format_table, widen
 
-    df = build_table(_store(args.store), args.study, args.kind, paper=args.paper, skip_bad=args.skip_bad)
+    df = build_table(_store(args.store), args.study, args.kind, paper=args.paper, skip_bad=args.skip_bad,
+                     include_stale=args.all)
     if args.wide:
         df = widen(df, args.wide)
     print(format_table(df, args.format))
@@ -155,7 +163,8 @@ def cmd_table(args: argparse.Namespace) -> int:
 def cmd_plot(args: argparse.Namespace) -> int:
     from study.analysis.figures import plot
 
-    files = plot(_store(args.store), args.study, args.kind, args.figures, skip_bad=args.skip_bad)
+    files = plot(_store(args.store), args.study, args.kind, args.figures, skip_bad=args.skip_bad,
+                 include_stale=args.all)
     for f in files:
         print(f)
     return 0
@@ -187,7 +196,8 @@ def cmd_importance(args: argparse.Namespace) -> int:
     from study.analysis.importance import importance
     from study.analysis.tables import format_table
 
-    df = importance(_store(args.store), args.study, args.metric, args.evaluator, skip_bad=args.skip_bad)
+    df = importance(_store(args.store), args.study, args.metric, args.evaluator, skip_bad=args.skip_bad,
+                    include_stale=args.all)
     eprint(f"{args.study}: importance of each swept knob for {args.metric} ({args.evaluator}, Optuna)")
     print(format_table(df, args.format))
     return 0
@@ -196,7 +206,7 @@ def cmd_importance(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from study.analysis.report import report
 
-    path = report(_store(args.store), args.study, args.out, skip_bad=args.skip_bad)
+    path = report(_store(args.store), args.study, args.out, skip_bad=args.skip_bad, include_stale=args.all)
     print(path)
     eprint(f"report written to {path.resolve()} (one self-contained HTML file)")
     return 0

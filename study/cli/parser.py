@@ -139,6 +139,11 @@ def reading_parent() -> argparse.ArgumentParser:
     return p
 
 
+def add_all(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--all", action="store_true", help="include stale trials: those of earlier versions of the "
+                    "study's spec (left out by default)")
+
+
 def add_tables(sub, parent: argparse.ArgumentParser) -> None:
     """table, plot and query: what a study shows."""
     from study.analysis.figures import FIGURES
@@ -149,6 +154,7 @@ def add_tables(sub, parent: argparse.ArgumentParser) -> None:
                         description="An ablation table, aggregated over seeds (mean, std, n, 95% CI).")
     tb.add_argument("kind", metavar="KIND", help=f"one of: {', '.join(table_kinds)}")
     add_study(tb, required=True)
+    add_all(tb)
     add_format(tb)
     tb.add_argument("--paper", action="store_true", help="add the published rows, labelled [paper]")
     tb.add_argument("--wide", nargs="?", const="exact_acc", metavar="METRIC",
@@ -159,6 +165,7 @@ def add_tables(sub, parent: argparse.ArgumentParser) -> None:
                          description="Figures (PNG and PDF) from the stored Parquet alone.")
     pl_.add_argument("kind", metavar="KIND", help=f"one of: {', '.join(figure_kinds)}")
     add_study(pl_, required=True)
+    add_all(pl_)
     pl_.add_argument("--figures", "--out", dest="figures", default="results/figures", metavar="DIR",
                      help="output folder (default: %(default)s; --out is the same option)")
     pl_.set_defaults(func=cmd.cmd_plot)
@@ -190,6 +197,7 @@ def add_upkeep(sub, parent: argparse.ArgumentParser) -> None:
                         description="Rank the knobs a study swept by their importance for a metric, with Optuna's "
                                     "importance evaluators over the stored trials (fANOVA by default).")
     add_study(im, positional=True)
+    add_all(im)
     im.add_argument("--metric", default=DEFAULT_METRIC, choices=list(METRICS),
                     help="the trial metric to explain (default: %(default)s)")
     im.add_argument("--evaluator", default="fanova", choices=["fanova", "ped_anova", "mdi"],
@@ -201,6 +209,7 @@ def add_upkeep(sub, parent: argparse.ArgumentParser) -> None:
                         description="Every table (with the papers' rows), every figure (inlined), the spec and each "
                                     "trial's config, in one HTML file made from the stored Parquet alone.")
     add_study(rp, positional=True)
+    add_all(rp)
     rp.add_argument("--out", default=None, metavar="FILE", help="the HTML file (default: STUDY_report.html)")
     rp.set_defaults(func=cmd.cmd_report)
 

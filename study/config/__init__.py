@@ -25,7 +25,6 @@ from study.config.loading import (
 from study.config.names import STUDY_NAME, check_study_name, is_study_name
 from study.config.schema import (
     RULES,
-    TASK_ONLY,
     CarryConfig,
     EvalConfig,
     HaltingConfig,
@@ -40,7 +39,7 @@ from study.config.schema import (
 )
 
 __all__ = [
-    "ADDED_LATER", "DATA_FILES", "MAX_DEPTH_LAYERS", "NON_IDENTITY", "RULES", "STUDY_NAME", "TASK_ONLY", "Bound",
+    "ADDED_LATER", "DATA_FILES", "MAX_DEPTH_LAYERS", "NON_IDENTITY", "RULES", "STUDY_NAME", "Bound",
     "CarryConfig", "ConfigError", "EvalConfig", "HaltingConfig", "ModelConfig", "Placement", "Rule", "TaskConfig",
     "TaskName", "TrainConfig", "TrialConfig", "absolute_data_path", "allowed_keys", "build_trial", "check_bounds",
     "check_data", "check_study_name", "describe_error", "file_digest", "flatten", "is_study_name", "layers_per_step",

@@ -65,10 +65,17 @@ def file_digest(path: str) -> str:
 DATA_FILES = (("task", "csv"), ("task", "test_csv"))
 
 
-def trial_id(cfg: TrialConfig) -> str:
+def trial_id(cfg: TrialConfig, leave_out: tuple[str, ...] = ()) -> str:
     """Short hash of the resolved config (seed included), without fields that cannot change results; data files
-    enter by content."""
+    enter by content. leave_out: dotted keys left out as well (study.spec compares sweep points without the keys
+    they do not read)."""
     d = to_dict(cfg)
+    for key in leave_out:
+        *path, name = key.split(".")
+        section = d
+        for p in path:
+            section = section[p]
+        section.pop(name, None)
     for section, name in NON_IDENTITY:
         d[section].pop(name, None)
     for section, name in DATA_FILES:

@@ -13,7 +13,7 @@ from typing import Annotated, Literal, get_args
 from pydantic.dataclasses import dataclass as pdataclass
 
 from study.config.bounds import MAX_DEPTH_LAYERS, Bound, check_bounds
-from study.tasks import TASKS
+from study.tasks import COMMON_FIELDS, TASKS
 
 TaskName = Literal[tuple(TASKS)]  # every module in study/tasks/ with a TASK
 Rule = Literal["carry_last", "infiloop", "full_attnres", "damped"]
@@ -142,10 +142,6 @@ class ModelConfig:
         return depth_layers // per
 
 
-# Task settings only some tasks read: set for another task, they are refused rather than silently ignored.
-TASK_ONLY = {"test_size": ("maze",), "min_length": ("prefix_sums",), "test_lengths": ("prefix_sums",)}
-
-
 @pdataclass(config={"extra": "forbid"})
 class TaskConfig:
     """name: sudoku | maze | state_tracking | prefix_sums. size: board side (sudoku 4/6/9, maze N); test_size: a
@@ -177,9 +173,10 @@ class TaskConfig:
     cache_dir: str | None = None
 
     def __post_init__(self):
-        for key, tasks in TASK_ONLY.items():
-            if getattr(self, key) is not None and self.name not in tasks:
-                raise ValueError(f"task.{key} is for {', '.join(tasks)}; task.name is {self.name!r}")
+        for key in OPTIONAL_TASK_FIELDS:  # set for a task that does not read it: refused, never silently ignored
+            if getattr(self, key) is not None and key not in TASKS[self.name].reads and key not in COMMON_FIELDS:
+                readers = [t for t, d in TASKS.items() if key in d.reads]
+                raise ValueError(f"task.{key} is for {', '.join(readers)}; task.name is {self.name!r}")
         check_bounds("task", self)
         TASKS[self.name].check(self)
         for key in ("csv", "test_csv"):
@@ -318,3 +315,5 @@ class TrialConfig:
                              f"{self.task.n_test} test samples")
 
 
+# TaskConfig fields that are unset by default: setting one for a task that does not read it is refused
+OPTIONAL_TASK_FIELDS = tuple(f.name for f in dataclasses.fields(TaskConfig) if f.default is None)

@@ -11,6 +11,7 @@ import numpy as np
 if TYPE_CHECKING:  # the config layer sits above the tasks: a name for annotations, no import at run time
     from study.config import TaskConfig
 
+COMMON_FIELDS = ("name", "n_train", "n_test", "data_seed", "cache_dir")  # TaskConfig fields every task reads
 IGNORE = -100  # label value for positions that carry no target (padding)
 
 
@@ -65,9 +66,12 @@ def accuracies(pred: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.nda
 class TaskDef:
     """What a task module registers (as a module-level `TASK`): adding a task is one new module in study/tasks/.
 
-    check(cfg) raises ValueError naming `task.<key>` for settings the task cannot
-    take; generate(cfg, which, n, seed) makes the 'train' or 'test' split; augment(split, cfg, rng) is the training
-    augmentation (None: none); reads_csv: task.csv / task.test_csv apply (load_csv(path, cfg, limit) reads them).
+    check(cfg) raises ValueError naming `task.<key>` for settings the task cannot take; generate(cfg, which, n,
+    seed) makes the 'train' or 'test' split; augment(split, cfg, rng) is the training augmentation (None: none);
+    reads_csv: task.csv / task.test_csv apply (load_csv(path, cfg, limit) reads them). free_cells(split): (N, S)
+    the cells a solver must fill, for the stability diagnostics (default: every scored cell; sudoku: the blanks).
+    reads: the task-specific TaskConfig fields this task reads (beside COMMON_FIELDS, which every task reads): the
+    one statement that TaskConfig's refusals and the sweep checks (study.config.reads) use.
     """
 
     name: str
@@ -77,6 +81,7 @@ class TaskDef:
     augment: Callable[[Split, TaskConfig, np.random.Generator], Split] | None = None
     load_csv: Callable[[str, TaskConfig, int | None], Split] | None = None
     free_cells: Callable[[Split], np.ndarray] = lambda split: split.labels != IGNORE
+    reads: tuple[str, ...] = ()
 
     @property
     def reads_csv(self) -> bool:

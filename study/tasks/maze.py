@@ -133,4 +133,4 @@ def generate_split(cfg, which: str, n: int, seed: int) -> Split:
 
 
 TASK = TaskDef("maze", spec=lambda cfg: maze_spec(cfg.size, cfg.test_size), check=check_config,
-               generate=generate_split)
+               generate=generate_split, reads=("size", "min_path", "loop_frac", "test_size"))

@@ -81,4 +81,5 @@ def check_config(cfg) -> None:
                              f"only {2 ** short[0]}")
 
 
-TASK = TaskDef("prefix_sums", spec=spec, generate=generate, check=check_config)
+TASK = TaskDef("prefix_sums", spec=spec, generate=generate, check=check_config,
+               reads=("length", "min_length", "test_lengths"))

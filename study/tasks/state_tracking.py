@@ -53,4 +53,5 @@ def generate(group: str, length: int, n: int, seed: int) -> Split:
 
 
 TASK = TaskDef("state_tracking", spec=lambda cfg: state_spec(cfg.group, cfg.length),
-               generate=lambda cfg, which, n, seed: generate(cfg.group, cfg.length, n, seed))
+               generate=lambda cfg, which, n, seed: generate(cfg.group, cfg.length, n, seed),
+               reads=("group", "length"))

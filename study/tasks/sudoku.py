@@ -301,5 +301,6 @@ BLANK = 1  # the blank token (see the module docstring)
 
 TASK = TaskDef("sudoku", spec=lambda cfg: sudoku_spec(cfg.size), generate=generate_split, check=check_config,
                free_cells=lambda split: split.inputs == BLANK,
+               reads=("size", "blanks", "test_blanks", "augment", "csv", "test_csv"),
                augment=lambda split, cfg, rng: augment(split, cfg.size, rng) if cfg.augment else split,
                load_csv=lambda path, cfg, limit: load_csv(path, cfg.size, limit=limit))

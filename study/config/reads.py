@@ -1,0 +1,116 @@
+"""Which config fields a trial reads, given the rest of its config: the one statement the sweep checks use to
+refuse a sweep that cannot change anything (study.spec) and to find sweep points that are the same trial in all
+but name.
+
+READ_WHEN maps a dotted key to a rule: given a config, None when the field is read, else why it is not. Every other
+field of the schema is in ALWAYS_READ, or is a task field (read per study.tasks' TaskDef.reads); a test walks every
+field so that a new one must be placed here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from study.config.schema import TrialConfig
+from study.tasks import COMMON_FIELDS, TASKS
+
+
+def uses(cfg: TrialConfig, *rules: str) -> bool:
+    """Whether any loop axis of the model runs one of `rules`."""
+    m = cfg.model
+    axes = ("flat",) if m.kind == "flat" else ("inner", "outer")
+    return any(m.carry.rule_for(a) in rules for a in axes)
+
+
+def eval_halting(cfg: TrialConfig) -> bool:
+    """Whether the evaluation halts samples (eval.halting overrides model.halting.enabled)."""
+    return cfg.eval.halting if cfg.eval.halting is not None else cfg.model.halting.enabled
+
+
+def halting_anywhere(cfg: TrialConfig) -> bool:
+    return cfg.model.halting.enabled or eval_halting(cfg)
+
+
+def _when(test: Callable[[TrialConfig], bool], why: str) -> Callable[[TrialConfig], str | None]:
+    return lambda cfg: None if test(cfg) else why
+
+
+INFILOOP = _when(lambda c: uses(c, "infiloop"), "no loop axis runs model.carry.rule infiloop")
+# FPOpt's eta (patience, gamma, eta0) steers the damped rule, and with halting on it stops samples too (eta_min)
+ETA = _when(lambda c: uses(c, "damped") or halting_anywhere(c),
+            "neither the damped rule nor halting (model.halting.enabled / eval.halting) is in use")
+HALTING = _when(halting_anywhere, "halting is off (model.halting.enabled and eval.halting)")
+EVAL_HALTING = _when(lambda c: eval_halting(c) or uses(c, "damped"),
+                     "the evaluation neither halts (eval.halting / model.halting.enabled) nor damps")
+NESTED = _when(lambda c: c.model.kind == "nested", "model.kind is flat (one loop, no inner cycles)")
+PERTURB = _when(lambda c: c.eval.perturb_update is not None, "eval.perturb_update is not set (no perturbation test)")
+
+READ_WHEN: dict[str, Callable[[TrialConfig], str | None]] = {
+    "model.carry.rule": _when(lambda c: c.model.kind == "flat" or c.model.carry.placement != "none",
+                              "model.carry.placement is none: both axes carry the last state"),
+    "model.carry.placement": _when(lambda c: c.model.kind == "nested" and c.model.carry.rule != "carry_last",
+                                   "model.carry.rule is carry_last (or the model is flat): every axis carries the "
+                                   "last state wherever the rule is placed"),
+    "model.carry.beta_init": INFILOOP,
+    "model.carry.learn_beta": INFILOOP,
+    "model.carry.content_score": INFILOOP,
+    "model.carry.clip": _when(lambda c: (uses(c, "infiloop") and c.model.carry.content_score)
+                              or uses(c, "full_attnres"), "no axis computes a content score"),
+    "model.carry.reset_inner": _when(lambda c: c.model.kind == "nested"
+                                     and c.model.carry.rule_for("inner") in ("infiloop", "full_attnres"),
+                                     "the inner axis keeps no history to reset"),
+    "model.L": NESTED,
+    # (a2 enters b1 = b2 (1 - a1) / (1 - a1^2L), b2 = 1 - a2 a1^2L: both reasoners read it under the scaling)
+    "model.a1_init": _when(lambda c: c.model.residual_scaling, "model.residual_scaling is off"),
+    "model.a2_init": _when(lambda c: c.model.residual_scaling, "model.residual_scaling is off"),
+    "model.halting.tau": _when(lambda c: halting_anywhere(c) or uses(c, "damped"),
+                               "neither halting nor the damped rule is in use"),
+    "model.halting.gamma": ETA,
+    "model.halting.patience": ETA,
+    "model.halting.eta0": ETA,
+    "model.halting.eta_min": HALTING,
+    "eval.L": NESTED,
+    "eval.tau": EVAL_HALTING,
+    "eval.gamma": EVAL_HALTING,
+    "eval.align_window": INFILOOP,
+    "eval.perturb_eps": PERTURB,
+    "eval.perturb_updates": PERTURB,
+    "eval.perturb_n": PERTURB,
+}
+
+ALWAYS_READ = frozenset({
+    "model.kind", "model.hidden", "model.heads", "model.n_layers", "model.expansion", "model.norm", "model.conv",
+    "model.residual_scaling", "model.H", "model.grad_steps", "model.recall", "model.pos", "model.halting.enabled",
+    "model.halting.eps",
+    *(f"train.{k}" for k in ("steps", "batch_size", "lr", "weight_decay", "betas", "warmup", "n_sup", "grad_clip",
+                             "ema", "loss", "device", "dtype", "threads", "log_every", "checkpoint_every",
+                             "progressive")),
+    *(f"eval.{k}" for k in ("depths", "H", "halting", "n_test", "batch_size", "stability", "perturb_update",
+                            "compile", "readout")),
+    *(f"task.{k}" for k in COMMON_FIELDS), "seed", "label",
+})
+
+
+def task_reads(cfg: TrialConfig, name: str) -> str | None:
+    """Whether the task reads task.<name> (None) or why not."""
+    task = cfg.task
+    if name in COMMON_FIELDS:
+        return None
+    if name not in TASKS[task.name].reads:
+        return f"task {task.name!r} does not read it"
+    if task.csv and name in ("blanks", "test_blanks"):
+        return "the puzzles come from task.csv"
+    return None
+
+
+def unread(cfg: TrialConfig, key: str) -> str | None:
+    """Why the dotted `key` cannot change this trial's results (None: it can)."""
+    if key.startswith("task."):
+        return task_reads(cfg, key.split(".", 1)[1])
+    rule = READ_WHEN.get(key)
+    return rule(cfg) if rule else None
+
+
+def unread_fields(cfg: TrialConfig, keys) -> dict[str, str]:
+    """{key: why it is not read} for the keys this trial does not read."""
+    return {k: why for k in keys if (why := unread(cfg, k)) is not None}

@@ -1,0 +1,89 @@
+"""Which trials belong to a study: the ones its current spec resolves to. Torch-free and Ray-free.
+
+A study's name can be run again after its spec was edited; the trials of the earlier version stay in storage,
+but they are not the study any more. The rule, stated once:
+- a grid study's members are the trial ids its saved spec (`_studies/<name>.yaml`) resolves to, data files by
+  content (edit a CSV and the old trials go stale);
+- an Optuna search's members are the trials run under the saved spec's version (`spec_hash` in the trials row;
+  rows from before that column existed count as members);
+- a study without a saved spec (rows written by `loopstudy trial`) has every trial as a member.
+Everything else with files in the study is `stale`: counted by `status` and `ls`, left out of tables, figures,
+report and importance unless asked for (`--all`, `include_stale=True`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from study.config import ConfigError, trial_id
+from study.rows import STATUSES
+from study.store import TABLES, Store
+from study.store.layout import file_trial_id, spec_file
+
+KINDS = (*STATUSES, "pending", "stale")  # what a trial of a study can be, as status and ls count them
+
+
+@dataclass
+class Membership:
+    """status: trial id -> one of KINDS, for every trial with files in the study and every expected one."""
+
+    study: str
+    status: dict[str, str] = field(default_factory=dict)
+    optuna_samples: int | None = None  # an Optuna search: how many samples its spec asks for
+    note: str | None = None  # how membership was decided, when not by the spec's resolved trials
+
+    @property
+    def members(self) -> set[str]:
+        return {t for t, s in self.status.items() if s not in ("stale", "pending")}
+
+    @property
+    def stale(self) -> set[str]:
+        return {t for t, s in self.status.items() if s == "stale"}
+
+    def counts(self) -> dict[str, int]:
+        c = Counter(self.status.values())
+        return {k: c.get(k, 0) for k in KINDS}
+
+
+def trial_states(store: Store, study: str) -> tuple[dict[str, str], dict[str, str | None]]:
+    """(trial id -> status, trial id -> spec_hash) of every trial with files in the study: `complete` by the
+    store's rule, else its trials row's status, else `running` (files but no row yet)."""
+    complete = store.completed_trials(study)
+    started = {file_trial_id(f) for table in TABLES for f in store.files(table, study)} | complete
+    rows = store.scan("trials", study, skip_bad=True).select("trial_id", "status", "spec_hash").collect()
+    row_status = dict(zip(rows["trial_id"], rows["status"]))
+    hashes = dict(zip(rows["trial_id"], rows["spec_hash"]))
+    started |= set(row_status)
+    states = {}
+    for t in started:
+        s = "complete" if t in complete else row_status.get(t) or "running"
+        states[t] = "pending" if s == "complete" and t not in complete else s  # a table is missing: runs again
+    return states, hashes
+
+
+def membership(store: Store, study: str) -> Membership:
+    """The study's trials by kind (see the module docstring)."""
+    from study.spec import load_saved_study, saved_spec
+
+    states, hashes = trial_states(store, study)
+    out = Membership(study)
+    if store.get_text(spec_file(study)) is None:
+        out.status = states
+        return out
+    try:
+        saved = load_saved_study(store, study)
+    except ConfigError as e:  # e.g. a data file the spec names is not on this machine: go by the spec's version
+        current = saved_spec(store, study).spec_hash
+        out.note = f"trials matched by spec version, not by resolved config ({e})"
+        out.status = {t: s if hashes.get(t) in (None, current) else "stale" for t, s in states.items()}
+        return out
+    if saved.is_optuna:
+        out.optuna_samples = saved.spec.sweep.optuna.num_samples
+        current = saved.spec_hash
+        out.status = {t: s if hashes.get(t) in (None, current) else "stale" for t, s in states.items()}
+        return out
+    expected = {trial_id(c) for c in saved.trials}
+    out.status = {t: (s if t in expected else "stale") for t, s in states.items()}
+    out.status.update({t: "pending" for t in expected - set(states)})
+    return out
