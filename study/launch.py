@@ -142,9 +142,17 @@ def run_study(study: Study, *, address: str | None = None, storage: str | None =
               shared_storage: bool = False, num_cpus: int | None = None,
               compact_at: int = COMPACT_AT) -> dict[str, Any]:
     """Run every pending trial of the study; returns counts. Trials complete in storage are not run again. When the
-    study then has compact_at or more per-trial files per table (0: never), they are compacted."""
+    study then has compact_at or more per-trial files per table (0: never), they are compacted. One driver per
+    study: another one running it is refused before Ray starts (Store.lease)."""
     root = storage_root(study, storage)
     store = Store(root)
+    with store.lease(study.name):
+        return _run_study(study, store, root, address=address, shared_storage=shared_storage, num_cpus=num_cpus,
+                          compact_at=compact_at)
+
+
+def _run_study(study: Study, store: Store, root: str, *, address: str | None, shared_storage: bool,
+               num_cpus: int | None, compact_at: int) -> dict[str, Any]:
     init_ray(address, num_cpus)
     import ray
 
@@ -186,7 +194,7 @@ def record_endings(store: Store, name: str, grid) -> None:
     from study.store import now_utc
 
     for result in grid:
-        tid = (result.metrics or {}).get("trial_id")
+        tid = (result.metrics or {}).get("trial")
         status = "failed" if result.error is not None else None if (result.metrics or {}).get("final") else "stopped"
         if tid is None or status is None:
             continue
@@ -214,6 +222,7 @@ def resume_study(name: str, *, storage: str, address: str | None = None) -> dict
     root = resolve_root(storage)
     store = Store(root)
     study = load_saved_study(store, name)
+    store.lease(name).refuse_if_held()  # before Ray starts (the lease itself is taken around the run)
     init_ray(address)
     from ray import tune
 
@@ -228,9 +237,15 @@ def resume_study(name: str, *, storage: str, address: str | None = None) -> dict
     # completed meanwhile is skipped by the trainable's own check
     pending = [c for c in study.trials if trial_id(c) not in done_before]
     space = param_space(study, root, pending or study.trials, max(1, int(res.cpu)))
-    tuner = tune.Tuner.restore(path, tune.with_resources(trainable, {"cpu": res.cpu, "gpu": res.gpu}),
-                               resume_unfinished=True, resume_errored=True, param_space=space)
-    grid = tuner.fit()
+    try:
+        tuner = tune.Tuner.restore(path, tune.with_resources(trainable, {"cpu": res.cpu, "gpu": res.gpu}),
+                                   resume_unfinished=True, resume_errored=True, param_space=space)
+    except Exception as e:  # a damaged tuner.pkl or experiment state: the store still knows what is complete
+        eprint(f"[{name}] Tune's saved state at {path} cannot be restored ({type(e).__name__}: "
+               f"{str(e).splitlines()[0][:200] if str(e) else ''}): running the saved spec (complete trials skipped)")
+        return run_study(study, address=address, storage=root)
+    with store.lease(name):
+        grid = tuner.fit()
     errors = sum(1 for r in grid if r.error is not None)
     record_endings(store, name, grid)
     missing = [c for c in study.trials if trial_id(c) not in store.completed_trials(name)]

@@ -57,12 +57,12 @@ class Progress(Callback):
         self.done += 1
         if not (trial.last_result or {}).get("final"):  # the scheduler ended it (ASHA): it keeps its rows
             self.stopped += 1
-            self._line(f"stopped {(trial.last_result or {}).get('trial_id', trial.trial_id)}")
+            self._line(f"stopped {(trial.last_result or {}).get('trial', trial.trial_id)}")
             return
         value = (trial.last_result or {}).get("objective")
         if value is not None and (self.best is None or (value > self.best) == (self.mode == "max")):
             self.best = value
-        self._line(f"finished {(trial.last_result or {}).get('trial_id', trial.trial_id)}")
+        self._line(f"finished {(trial.last_result or {}).get('trial', trial.trial_id)}")
 
     def on_trial_recover(self, iteration, trials, trial, **info):
         # the trial's worker or node died and Tune runs it again from its last checkpoint (FailureConfig)

@@ -39,6 +39,7 @@ from study.config import (
     resolve_data_paths,
     set_dotted,
     trial_id,
+    yamltext,
 )
 from study.config.reads import unread, unread_fields
 from study.metrics import DEFAULT_METRIC, SearchMetric
@@ -87,7 +88,7 @@ class OptunaSpec(Strict):
 
 
 class AshaSpec(Strict):
-    """Early stopping (ASHA) on the training exact accuracy reported every train.log_every steps. Time is the
+    """Early stopping (ASHA) on the training cell accuracy reported every train.log_every steps. Time is the
     training step: rungs at grace_period * reduction_factor^k steps, up to max_t. A trial that passes the last rung
     trains on and is evaluated; a stopped one keeps its rows (status `stopped`)."""
 
@@ -274,14 +275,12 @@ def load_study(path: str | Path, overrides: list[str] | None = None) -> Study:
 
 def _saved_data(store, name: str) -> tuple[dict[str, Any], str]:
     """(the saved spec's data, where it is) for a study; ConfigError when the store has no such study."""
-    import yaml
-
     text = store.get_text(spec_file(name))
     if text is None:
         known = ", ".join(store.studies()) or "none"
         raise ConfigError(f"no study named {name!r} was run with results in {store.uri} (studies there: {known})")
     source = f"{store.uri}/{spec_file(name)}"
-    data = yaml.safe_load(text)
+    data = yamltext.parse(text, source)
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping at the top level")
     return data, source

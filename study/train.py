@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from study.atomic import atomic_target
 from study.config import TrainConfig
+from study.errors import TrainingError
 from study.models.reasoner import Reasoner
 from study.rows import TrainLog
 from study.tasks import IGNORE, Split, accuracies
@@ -155,6 +156,10 @@ class Trainer:
             loss = cell_loss(logits, labels, cfg.loss)
             if prog is not None:
                 loss = (1 - cfg.progressive) * loss + cfg.progressive * cell_loss(prog, labels, cfg.loss)
+            if not torch.isfinite(loss.detach()):
+                raise TrainingError(f"the training loss became {float(loss):.4g} at step {self.step + 1} (lr "
+                                    f"{lr_at(cfg, self.step):.3g}): training diverged, so the trial stores no "
+                                    "results. Lower train.lr, or clip gradients (train.grad_clip)")
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.grad_clip:

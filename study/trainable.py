@@ -3,7 +3,8 @@
 Grid studies hand each trial its resolved config as JSON text; Optuna studies hand the base config plus the
 searcher's dotted picks. The trial checks its own files first (O(1): a trial complete in storage reports and
 ends), writes its rows to the store itself, and sends Tune only a few numbers: `objective` is the training
-batch's exact accuracy while training and the spec's final metric at the end (OptunaSearch and ASHA need it in
+batch's cell accuracy while training (exact accuracy is 0 for every trial early on, so ASHA could not rank them
+by it) and the spec's final metric at the end (OptunaSearch and ASHA need it in
 every report); `step` is the training step, ASHA's time (checkpoint and evaluation reports repeat it, so they
 never advance a rung); `final` marks the last report of a trial that completed (one without it was stopped);
 `phase` and `progress` feed the driver's status lines.
@@ -32,30 +33,32 @@ class TuneSession:
 
     def __init__(self, tid: str, node: str, steps: int):
         self.tid, self.node, self.steps = tid, node, max(1, steps)
-        self.last = {"train_exact_acc": 0.0, "train_loss": float("nan"), "step": 0}
+        self.last = {"train_exact_acc": 0.0, "train_cell_acc": 0.0, "train_loss": float("nan"), "step": 0}
         self.next_eval_report = time.monotonic() + EVAL_REPORT_S
 
     def report(self, objective: float, checkpoint=None, **extra) -> None:
         from ray import tune
 
-        tune.report({"trial_id": self.tid, "objective": objective, "node": self.node, **self.last, **extra},
+        # our trial id as `trial`: Tune fills `trial_id` in every result with its own
+        tune.report({"trial": self.tid, "objective": objective, "node": self.node, **self.last, **extra},
                     checkpoint=checkpoint)
 
     def on_log(self, log) -> None:
-        self.last.update(train_exact_acc=log.exact_acc, train_loss=log.loss, step=log.step)
-        self.report(log.exact_acc, phase="train", progress=log.step / self.steps)
+        self.last.update(train_exact_acc=log.exact_acc, train_cell_acc=log.cell_acc, train_loss=log.loss,
+                         step=log.step)
+        self.report(log.cell_acc, phase="train", progress=log.step / self.steps)
 
     def on_eval_progress(self, done: int, total: int) -> None:
         if time.monotonic() >= self.next_eval_report:
             self.next_eval_report = time.monotonic() + EVAL_REPORT_S
-            self.report(self.last["train_exact_acc"], phase="eval", progress=done / total)
+            self.report(self.last["train_cell_acc"], phase="eval", progress=done / total)
 
     def checkpoint(self, trainer) -> None:
         from ray import tune
 
         with tempfile.TemporaryDirectory() as d:
             trainer.save(Path(d) / CKPT_FILE)
-            self.report(self.last["train_exact_acc"], checkpoint=tune.Checkpoint.from_directory(d))
+            self.report(self.last["train_cell_acc"], checkpoint=tune.Checkpoint.from_directory(d))
 
     def resume(self, trainer) -> None:
         from ray import tune

@@ -60,7 +60,7 @@ class TrialRecorder:
         if self.store is None or not history:
             return
         self.store.write("train_curve", self.study_name, self.tid, [vars(h) for h in history])
-        self._trials_row("running", history[-1].step, history[-1].exact_acc)
+        self._trials_row("running", history[-1].step, history[-1].cell_acc)  # the objective ASHA sees
 
     def complete(self, history: list[TrainLog], result: EvalResult, metrics: dict[str, float], metric: str) -> None:
         if self.store is None:

@@ -357,3 +357,157 @@ def test_polars_reads_the_study_column_the_same_as_pyarrow(tmp_path):
     store.write("depth_eval", "a.b-c_1", "t1", SAMPLES["depth_eval"])
     assert pl.from_arrow(store.read("depth_eval"))["study"].unique().to_list() == ["a.b-c_1"]
     assert store.scan("depth_eval").collect()["study"].unique().to_list() == ["a.b-c_1"]
+
+
+# -- round 2: paths are literal, one file rule, bounded parsing, one error boundary -----------------------------------
+def test_a_root_with_glob_characters_reads_its_own_files_only(tmp_path):
+    for name in ("g[1]", "g1", "g2", "gx"):
+        write_trial(Store(tmp_path / name), "s", "t1")
+    for name in ("g[1]", "g?", "g*"):
+        (tmp_path / name).mkdir(exist_ok=True)
+        write_trial(Store(tmp_path / name), "s", f"own{len(name)}")
+        got = pl.from_arrow(Store(tmp_path / name).read("trials", "s"))
+        assert got["trial_id"].to_list() == sorted({"t1", f"own{len(name)}"} & {
+            p.stem for p in (tmp_path / name).rglob("*.parquet") if p.parent.parent.name == "trials"}), name
+
+
+def test_a_root_or_folder_with_an_equals_sign_is_not_a_hive_partition(tmp_path):
+    store = Store(tmp_path / "a=b" / "results")
+    write_trial(store, "s", "t1")
+    got = pl.from_arrow(store.read("depth_eval", "s"))
+    assert got["study"].unique().to_list() == ["s"] and "a" not in got.columns
+    from study.analysis.tables import build_table
+
+    assert build_table(store, "s", "depth").height >= 1
+
+
+def test_a_symlinked_or_fifo_trial_file_is_neither_complete_nor_read_and_never_hangs(tmp_path, capsys):
+    store = Store(tmp_path)
+    write_trial(store, "s", "t1")
+    for table in SCHEMAS:
+        os.symlink(tmp_path / table / "study=s" / "t1.parquet", tmp_path / table / "study=s" / "t2.parquet")
+    os.mkfifo(tmp_path / "trials" / "study=s" / "t2.parquet")  # the trials "file" of t2 is a FIFO
+    assert store.completed_trials("s") == {"t1"} and not store.is_complete("s", "t2")
+    assert pl.from_arrow(store.read("depth_eval", "s"))["trial_id"].unique().to_list() == ["t1"]
+    assert "t2.parquet: not a trial file" in capsys.readouterr().err
+    proc = loopstudy("ls", "--store", str(tmp_path), timeout=60)  # a FIFO never blocks a listing
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_query_sees_the_store_tables_and_no_other_file(tmp_path):
+    write_trial(Store(tmp_path), "s", "t1")
+    for q in ("SELECT * FROM read_csv('/etc/passwd')", "select * from READ_PARQUET('/tmp/x.parquet')"):
+        assert_refused(loopstudy("query", q, "--store", str(tmp_path)), "reads files", "store's tables only")
+    assert loopstudy("query", "SELECT count(*) AS n FROM trials", "--store", str(tmp_path)).returncode == 0
+
+
+def test_a_trial_whose_loss_becomes_nan_fails_with_the_reason_and_stores_nothing(tmp_path):
+    cfg = write(tmp_path, "task: {name: sudoku, size: 4, n_train: 64, n_test: 8}\nmodel: {hidden: 16, heads: 2, "
+                "n_layers: 1, H: 1, L: 1}\ntrain: {steps: 30, batch_size: 8, lr: 1.0e+30, grad_clip: 0, "
+                "log_every: 10, warmup: 1}\n", "cfg.yaml")
+    proc = loopstudy("trial", str(cfg), "--store", str(tmp_path / "r"))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "training loss became" in proc.stderr and "stores no results" in proc.stderr
+    assert not Store(tmp_path / "r").completed_trials("adhoc")
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1]\n" + "".join(f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n"
+                                                      for p, c in zip("abcdefgh", "bcdefghi")), "expands to more than"),
+    ("name: x\n" + "k: " + "[" * 5000 + "]" * 5000 + "\n", "nested"),
+    ("name: x\nname: y\n", "key 'name' appears twice"),
+    ("name: bad\ntask: {size: 4, size: 6}\n", "key 'size' appears twice"),
+    ("name: x\nd: '" + "y" * (2 << 20) + "'\n", "at most 1,048,576 bytes"),
+])
+def test_specs_that_would_cost_without_bound_or_mislead_are_refused(tmp_path, text, needle):
+    spec = write(tmp_path, text)
+    with pytest.raises(ConfigError) as e:
+        load_study(spec)
+    assert needle in str(e.value) and len(str(e.value)) < 2000, str(e.value)[:500]
+    assert_refused(loopstudy("run", str(spec), "--store", str(tmp_path / "r")), needle)
+
+
+@pytest.mark.parametrize("raw,needle", [
+    (b"name: caf\xe9\n", "not UTF-8 text"),
+    ("name: x\n".encode("utf-16"), "UTF-16"),
+])
+def test_a_spec_that_is_not_utf8_is_refused(tmp_path, raw, needle):
+    spec = tmp_path / "bad.yaml"
+    spec.write_bytes(raw)
+    assert_refused(loopstudy("run", str(spec), "--store", str(tmp_path / "r")), needle)
+    assert_refused(loopstudy("run", str(tmp_path), "--store", str(tmp_path / "r")), "is a folder")
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("eval.depths=[12,24", "override eval.depths: not valid YAML"),
+    ("model.carry=" + "{a: " * 100 + "1" + "}" * 100, "nested more than"),
+    ("model..L=2", "is not a dotted key"),
+    ("train.lr=.nan", "train.lr=nan"),
+])
+def test_malformed_overrides_are_one_clear_line(tmp_path, override, needle):
+    spec = write(tmp_path, BASE)
+    assert_refused(loopstudy("run", str(spec), override, "--store", str(tmp_path / "r")), needle)
+
+
+def test_damaged_files_under_the_root_are_one_line_or_ignored_with_a_warning(tmp_path):
+    store = Store(tmp_path)
+    write_trial(store, "s", "t1")
+    (tmp_path / "_studies").mkdir()
+    (tmp_path / "_studies" / "s.yaml").write_bytes(b"name: s\nsweep: {grid: [\n")
+    assert_refused(loopstudy("status", "s", "--store", str(tmp_path)), "_studies/s.yaml", "not valid YAML")
+    (tmp_path / "_studies" / "s.yaml").write_bytes(b"\xff\xfe")
+    assert_refused(loopstudy("status", "s", "--store", str(tmp_path)), "not UTF-8")
+    (tmp_path / "_studies" / "s.yaml").unlink()
+    store.compact("s", grace_s=0)
+    write_trial(store, "s", "t2")
+    (tmp_path / "_compacting").mkdir(exist_ok=True)
+    (tmp_path / "_compacting" / "s.json").write_text("{half")
+    proc = loopstudy("query", "SELECT count(*) AS n FROM trials", "--store", str(tmp_path), "--format", "csv")
+    assert proc.returncode == 0 and proc.stdout.splitlines()[1] == "2" and "damaged compaction marker" in proc.stderr
+
+
+def test_output_paths_of_the_wrong_kind_are_handled(tmp_path):
+    store = Store(tmp_path / "r")
+    write_trial(store, "s", "t1")
+    (tmp_path / "afile").write_text("x")
+    assert_refused(loopstudy("plot", "depth", "--study", "s", "--store", store.uri, "--figures",
+                             str(tmp_path / "afile")), "is a file; give a folder")
+    (tmp_path / "out").mkdir()
+    proc = loopstudy("report", "s", "--store", store.uri, "--out", str(tmp_path / "out"))
+    assert proc.returncode == 0 and (tmp_path / "out" / "s_report.html").exists(), proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("compact", "s", "--grace", "-1"), "--grace"), (("compact", "s", "--grace", "nan"), "--grace"),
+    (("compact", "s", "--grace", "inf"), "--grace"), (("run", "x.yaml", "--num-cpus", "-1"), "--num-cpus"),
+])
+def test_bad_option_values_are_refused_before_anything_runs(tmp_path, args, needle):
+    proc = loopstudy(*args, "--store", str(tmp_path))
+    assert proc.returncode == 2 and needle in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "_compacting").exists()
+
+
+def test_a_store_path_that_is_not_utf8_is_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "study.cli", "ls", "--store", os.fsdecode(b"/tmp/\xff\xfe")],
+                          cwd=REPO, capture_output=True, timeout=60)
+    assert proc.returncode == 2 and b"Traceback" not in proc.stderr and b"not a UTF-8 path" in proc.stderr
+
+
+def test_a_home_that_is_a_file_does_not_stop_a_trial(tmp_path, monkeypatch):
+    from study.tasks.loader import default_cache_dir
+
+    (tmp_path / "home").write_text("not a folder")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("LOOPSTUDY_CACHE", raising=False)
+    assert default_cache_dir().parts[-2:] == ("loopstudy", "datasets")
+    assert not str(default_cache_dir()).startswith(str(tmp_path / "home"))
+
+
+def test_a_full_disk_is_said_plainly():
+    import errno
+
+    from study.cli import os_error_line
+
+    line = os_error_line(OSError(errno.ENOSPC, "No space left on device", "/r/trials/study=s/.t1.tmp"))
+    assert "no space left" in line and "nothing half-written was left" in line and "/r/trials" in line
+    assert "cannot write" in os_error_line(OSError(errno.EROFS, "Read-only file system", "/r"))

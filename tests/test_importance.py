@@ -53,3 +53,20 @@ def test_importance_command_prints_the_ranking(store, capsys):
     assert main(["importance", "knobs", "--store", store.uri, "--format", "csv"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("knob,importance") and out[1].startswith("model.carry.rule,")
+
+
+def test_too_few_trials_for_the_knobs_are_refused(tmp_path):
+    s = Store(tmp_path)
+    write_trials(s, "few", [("carry_last", 0.1, 0, 0.3), ("infiloop", 0.9, 0, 0.9), ("infiloop", 0.5, 0, 0.8)])
+    with pytest.raises(AnalysisError, match="3 complete trial.*2 swept knob.*at least 4"):
+        importance(s, "few")
+
+
+def test_knobs_that_change_together_are_refused_as_confounded(tmp_path):
+    s = Store(tmp_path)
+    # rule and beta_init move in lockstep over six trials: no evaluator can tell which one matters
+    write_trials(s, "tied", [(rule, beta, seed, acc) for (rule, beta, acc) in
+                             (("carry_last", 0.1, 0.3), ("infiloop", 0.9, 0.9), ("damped", 0.5, 0.6))
+                             for seed in (0, 1)])
+    with pytest.raises(AnalysisError, match="change together.*model.carry.rule and model.carry.beta_init"):
+        importance(s, "tied")

@@ -109,7 +109,9 @@ def test_driver_killed_mid_study_then_resume_completes_without_rerunning(ray_clu
     driver.wait()
     done_before = complete_ids(tmp_path, "tiny")
     assert 1 <= len(done_before) < 4
-    mtimes = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "trials").rglob("*.parquet")}
+    # the trials that were complete (the others' rows say `running` and are rewritten when they run again)
+    mtimes = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "trials").rglob("*.parquet")
+              if p.stem in done_before}
 
     proc = loopstudy("resume", "tiny", "--store", str(tmp_path), "--address", ray_cluster["address"])
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -213,3 +215,42 @@ def test_worker_node_killed_mid_study_every_trial_still_completes_once(ray_clust
     assert len(complete_ids(tmp_path, "tiny")) == 4
     assert_rows_once(tmp_path, "tiny", 4)
     local_cluster("add-worker", "--name", "w1b", "--port", "6391")  # leave the cluster as we found it
+
+
+def test_optuna_search_with_asha_keeps_every_sample_and_every_command_agrees(ray_cluster, tmp_path):
+    """The shipped optuna_hpo spec (tiny overrides): ASHA stops some samples on the training step; each keeps a
+    trials row (stopped: the step it reached, its last objective, its train_curve so far), the rest complete, and
+    status, ls, the optuna table and importance count them alike."""
+    overrides = ["model.hidden=32", "task.n_train=256", "task.n_test=16", "train.steps=60", "train.log_every=10",
+                 "train.warmup=5", "train.checkpoint_every=0", "sweep.optuna.num_samples=6", "sweep.max_concurrent=1",
+                 "sweep.asha.grace_period=20", "sweep.asha.max_t=60"]
+    proc = loopstudy("run", "search_spaces/optuna_hpo.yaml", *overrides, "--address", ray_cluster["address"],
+                     "--store", str(tmp_path), "--no-plot")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    trials = pl.from_arrow(Store(tmp_path).read("trials", "optuna_hpo"))
+    assert trials.height == 6 and trials["trial_id"].n_unique() == 6  # every sample kept its row
+    status = dict(trials.group_by("status").len().iter_rows())
+    assert set(status) <= {"complete", "stopped"} and status.get("stopped", 0) >= 1 and status.get("complete", 0) >= 1
+    stopped = trials.filter(pl.col("status") == "stopped")
+    assert (stopped["step"] < 60).all() and stopped["objective"].is_not_null().all()
+    curve = pl.from_arrow(Store(tmp_path).read("train_curve", "optuna_hpo"))
+    reached = dict(curve.group_by("trial_id").agg(pl.col("step").max()).iter_rows())
+    for tid, step in stopped.select("trial_id", "step").iter_rows():
+        assert reached[tid] == step  # its curve up to where ASHA stopped it
+    assert (trials.filter(pl.col("status") == "complete")["step"] == 60).all()
+    n_done, n_stopped = status["complete"], status["stopped"]
+    assert f"{n_done} complete, {n_stopped} stopped early" in proc.stderr
+
+    st = loopstudy("status", "optuna_hpo", "--store", str(tmp_path))
+    assert st.returncode == 0 and f"{n_done}/6 Optuna samples complete" in st.stdout
+    assert f"{n_stopped} stopped" in st.stdout, st.stdout
+    ls = loopstudy("ls", "--store", str(tmp_path))
+    row = [ln.split() for ln in ls.stdout.splitlines() if ln.startswith("optuna_hpo")][0]
+    header = ls.stdout.splitlines()[0].split()
+    assert int(row[header.index("complete")]) == n_done and int(row[header.index("stopped")]) == n_stopped
+    table = loopstudy("table", "optuna", "--study", "optuna_hpo", "--store", str(tmp_path), "--format", "csv")
+    assert table.returncode == 0, table.stderr
+    rows = table.stdout.strip().splitlines()[1:]
+    assert len(rows) == 6 and sum(",stopped," in r for r in rows) == n_stopped
+    imp = loopstudy("importance", "optuna_hpo", "--store", str(tmp_path))
+    assert f"optuna_hpo: {n_done} complete trial(s) ({n_stopped} stopped: left out)" in imp.stderr, imp.stderr

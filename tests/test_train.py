@@ -1,6 +1,7 @@
 """Trainer: a small config learns 4x4 sudoku; checkpoint + resume equals training straight through."""
 
 import numpy as np
+import pytest
 import torch
 
 from study.config import CarryConfig, EvalConfig, ModelConfig, TaskConfig, TrainConfig
@@ -62,3 +63,25 @@ def test_stablemax_is_a_normalised_distribution():
     p = stablemax_log_probs(logits).exp()
     torch.testing.assert_close(p.sum(-1), torch.ones(5, dtype=torch.float64))
     assert bool((p.argmax(-1) == logits.argmax(-1)).all())
+
+
+@pytest.mark.parametrize("metric", ["final_exact_acc", "best_exact_acc", "final_cell_acc", "final_train_loss"])
+def test_a_resampled_complete_trial_reports_its_stored_value_of_every_metric(tmp_path, metric):
+    """What the trainable hands Tune/Optuna for a trial already complete in storage (study.trainable)."""
+    from study.metrics import METRICS
+    from study.store import Store
+    from study.trainable import stored_metrics
+
+    from .test_store import SAMPLES, write_trial
+
+    store = Store(tmp_path)
+    write_trial(store, "s", "t1")
+    stored = {"final_exact_acc": 0.5, "best_exact_acc": 0.75, "final_cell_acc": 0.875, "final_train_loss": 0.125}
+    store.write("trials", "s", "t1", [{**SAMPLES["trials"][0], **stored}])
+    assert set(METRICS) == set(stored)
+    assert stored_metrics(store, "s", "t1")[metric] == stored[metric]
+    # a trial stored before the metric had a column: computed from its stored depth rows, as the trial would have
+    store.write("trials", "s", "t1", [{**SAMPLES["trials"][0], **stored, metric: None}])
+    expect = {"final_exact_acc": 0.5, "best_exact_acc": 0.5, "final_cell_acc": 0.9}
+    if metric in expect:
+        assert stored_metrics(store, "s", "t1")[metric] == expect[metric]

@@ -149,8 +149,10 @@ def plot(store: Store, study: str, kind: str, out: str | Path, skip_bad: bool = 
     for k in kinds:
         if k not in FIGURES:
             raise AnalysisError(f"unknown figure {k!r}; figures: {', '.join(FIGURES)}, all")
-    ctx = ctx or load_context(store, study, skip_bad, include_stale)
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise AnalysisError(f"--figures {out} is a file; give a folder (it is created if missing)")
+    ctx = ctx or load_context(store, study, skip_bad, include_stale)
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for k in kinds:

@@ -14,6 +14,8 @@ from study.metrics import DEFAULT_METRIC, METRICS
 from study.store import Store
 
 EVALUATORS = ("fanova", "ped_anova", "mdi")
+MIN_TRIALS = 4  # below this no evaluator's ranking is more than noise
+TRIALS_PER_KNOB = 2
 
 
 def make_evaluator(name: str, seed: int = 0):
@@ -33,6 +35,18 @@ def swept_knobs(trials: pl.DataFrame) -> list[str]:
     knob (its keys are), nor is the seed."""
     return [c for c in config_columns(trials) if c not in NOT_AXES | {"label"}
             and trials[c].drop_nulls().n_unique() > 1]
+
+
+def confounded(trials: pl.DataFrame, knobs: list[str]) -> list[tuple[str, str]]:
+    """Pairs of knobs whose values determine each other across the trials (each value of one always comes with
+    the same value of the other, both ways): their effects cannot be told apart."""
+    out = []
+    for i, a in enumerate(knobs):
+        for b in knobs[i + 1:]:
+            pairs = trials.select(pl.col(a).cast(pl.String), pl.col(b).cast(pl.String)).unique()
+            if pairs.height == pairs[a].n_unique() == pairs[b].n_unique():
+                out.append((a, b))
+    return out
 
 
 def distribution(values: pl.Series):
@@ -60,8 +74,16 @@ def importance(store: Store, study: str, metric: str = DEFAULT_METRIC, evaluator
     knobs = swept_knobs(trials)
     if not knobs:
         raise AnalysisError(f"study {study!r} sweeps no knob (only seeds): there is nothing to rank")
-    if trials.height < 2:
-        raise AnalysisError(f"study {study!r} has {trials.height} complete trial(s) with {metric}; need at least 2")
+    need = max(MIN_TRIALS, TRIALS_PER_KNOB * len(knobs))
+    if trials.height < need:
+        raise AnalysisError(f"study {study!r} has {trials.height} complete trial(s) with {metric} for {len(knobs)} "
+                            f"swept knob(s); a ranking needs at least {need} ({TRIALS_PER_KNOB} per knob, "
+                            f"{MIN_TRIALS} at least) to mean anything: run more samples")
+    tied = confounded(trials, knobs)
+    if tied:
+        pairs = "; ".join(f"{a} and {b}" for a, b in tied)
+        raise AnalysisError(f"study {study!r}: the knobs change together across its trials ({pairs}), so no "
+                            "evaluator can tell their effects apart; sweep them separately (or rank one of them)")
     dists = {k: distribution(trials[k].drop_nulls()) for k in knobs}
     opt = optuna.create_study(direction="minimize" if METRICS[metric].mode == "min" else "maximize")
     categorical = {k for k, d in dists.items() if isinstance(d, CategoricalDistribution)}

@@ -47,9 +47,12 @@ def html_table(df: pl.DataFrame, table_id: str) -> str:
 
 def report(store: Store, study: str, out: str | Path | None = None, skip_bad: bool = False,
            include_stale: bool = False) -> Path:
-    """Write the study's report to `out` (default `<study>_report.html`); returns its path."""
+    """Write the study's report to `out` (default `<study>_report.html`; a folder: that file inside it); returns
+    its path."""
     ctx = load_context(store, study, skip_bad, include_stale)
     out = Path(out or f"{study}_report.html")
+    if out.is_dir():  # a folder: the report goes inside it
+        out = out / f"{study}_report.html"
     sections: list[tuple[str, str, str]] = []  # (anchor, title, html)
 
     tables = []

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
@@ -19,6 +20,7 @@ import polars as pl
 from study.config import NON_IDENTITY, layers_per_step
 from study.console import eprint
 from study.membership import KINDS, membership
+from study.metrics import METRICS
 from study.store import TABLES as STORE_TABLES
 from study.store import Store, StoreError
 
@@ -102,6 +104,7 @@ class Context:
     trials: pl.DataFrame
     axes: list[str]
     skip_bad: bool = False
+    include_stale: bool = False
 
     @property
     def value_axes(self) -> list[str]:
@@ -130,7 +133,7 @@ def load_context(store: Store, study: str, skip_bad: bool = False, include_stale
         raise AnalysisError(f"study {study!r} has no completed trials yet in {store.uri} "
                             "(run `loopstudy status` to see what is pending)")
     axes = varying_columns(df)
-    return Context(store, study, with_setting(df, axes), axes, skip_bad)
+    return Context(store, study, with_setting(df, axes), axes, skip_bad, include_stale)
 
 
 def overall(lf: pl.LazyFrame) -> pl.LazyFrame:
@@ -215,6 +218,19 @@ def t_perturbation(ctx: Context) -> pl.DataFrame:
     return aggregate(lf, ["setting", "eps", "updates_after"], ["solved_kept", "rel_distance"])
 
 
+def t_optuna(ctx: Context) -> pl.DataFrame:
+    """One row per trial of the study, complete or not (a search's history: trials ASHA stopped keep the step they
+    reached and their last objective), complete ones first, best first; stale trials only with include_stale."""
+    states = membership(ctx.store, ctx.study).status
+    keep = sorted(t for t, s in states.items() if s != "pending" and (s != "stale" or ctx.include_stale))
+    df = ctx.store.scan("trials", ctx.study, ctx.skip_bad).filter(pl.col("trial_id").is_in(keep)).collect()
+    knobs = [c for c in varying_columns(df) if c != "label"]
+    cols = ["trial_id", "status", "step", "objective", *[m for m in METRICS if df[m].is_not_null().any()], *knobs]
+    # complete trials first (objective: the study's metric), then the rest (objective: the last training signal)
+    return df.select(cols).sort([pl.col("status") != "complete", pl.col("objective")], descending=[False, True],
+                                nulls_last=True)
+
+
 TABLES: dict[str, tuple[Callable[[Context], pl.DataFrame], str | None]] = {
     "depth": (t_depth, "depth"),
     "final": (t_final, None),
@@ -227,6 +243,7 @@ TABLES: dict[str, tuple[Callable[[Context], pl.DataFrame], str | None]] = {
     "retention": (t_retention, None),
     "stability": (t_stability, "stability"),
     "perturbation": (t_perturbation, "perturbation"),
+    "optuna": (t_optuna, None),
 }
 
 
@@ -351,8 +368,16 @@ def list_studies(store: Store) -> pl.DataFrame:
     return pl.DataFrame(rows) if rows else pl.DataFrame({"study": []})
 
 
+# Polars SQL's table functions (read_csv('/etc/...'), read_parquet(...)) reach any file on the machine.
+FILE_FUNCTIONS = re.compile(r"\b(read|scan)_[a-z_]+\s*\(", re.IGNORECASE)
+
+
 def sql(store: Store, query: str, study: str | None = None, skip_bad: bool = False) -> pl.DataFrame:
-    """Polars SQL over every table (trials, train_curve, depth_eval, dynamics, perturbation)."""
+    """Polars SQL over every table (trials, train_curve, depth_eval, dynamics, perturbation), and nothing else:
+    a query that calls a file-reading function is refused."""
+    if FILE_FUNCTIONS.search(query):
+        raise AnalysisError(f"query refused: {FILE_FUNCTIONS.search(query).group(0)}...) reads files; SQL here sees "
+                            f"the store's tables only ({', '.join(STORE_TABLES)})")
     frames = {t: store.scan(t, study, skip_bad) for t in STORE_TABLES}
     try:
         return pl.SQLContext(frames).execute(query, eager=True)

@@ -6,8 +6,23 @@ every refusal of bad input, from any command, ends as one `loopstudy: ...` line 
 
 from __future__ import annotations
 
+import errno
+
 from study.cli.parser import build_parser
 from study.console import eprint
+
+
+def os_error_line(e: OSError) -> str:
+    """One line for a refusal of the operating system or an object store (errno's meaning first)."""
+    where = f" ({e.filename})" if getattr(e, "filename", None) else ""
+    if e.errno == errno.ENOSPC:
+        return (f"no space left on the device{where}. Every file is written whole under a temporary name and "
+                "renamed into place, so nothing half-written was left and complete results are as they were; "
+                "free some space and run the command again")
+    if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return f"cannot write{where}: {e.strerror}; nothing was changed. Give a writable --store (or folder)"
+    first = (str(e).splitlines() or [type(e).__name__])[0][:300]
+    return f"{e.strerror or first}{where}" if e.strerror else first
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"{args.command}: give the study (STUDY or --study NAME)")
     from study.analysis.tables import AnalysisError
     from study.config import ConfigError
+    from study.errors import TrainingError
     from study.store import StoreError
     from study.tasks.base import DataError
 
@@ -37,6 +53,12 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as e:  # a compaction removed files this read had listed: never a wrong answer
         eprint(f"loopstudy: a results file went away while it was being read ({e}); a `loopstudy compact` "
                "probably ran at the same time: run the command again")
+        return 2
+    except TrainingError as e:
+        eprint(f"loopstudy: {e}")
+        return 1
+    except OSError as e:  # the disk, the file system or an object store said no: say which, and what it means
+        eprint(f"loopstudy: {os_error_line(e)}")
         return 2
     except KeyboardInterrupt:
         eprint("loopstudy: interrupted")

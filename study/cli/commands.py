@@ -195,9 +195,13 @@ def cmd_compact(args: argparse.Namespace) -> int:
 def cmd_importance(args: argparse.Namespace) -> int:
     from study.analysis.importance import importance
     from study.analysis.tables import format_table
+    from study.membership import membership
 
-    df = importance(_store(args.store), args.study, args.metric, args.evaluator, skip_bad=args.skip_bad,
-                    include_stale=args.all)
+    store = _store(args.store)
+    counts = membership(store, args.study).counts()
+    left = ", ".join(f"{counts[k]} {k}" for k in ("stopped", "running", "failed") if counts[k])
+    eprint(f"{args.study}: {counts['complete']} complete trial(s)" + (f" ({left}: left out)" if left else ""))
+    df = importance(store, args.study, args.metric, args.evaluator, skip_bad=args.skip_bad, include_stale=args.all)
     eprint(f"{args.study}: importance of each swept knob for {args.metric} ({args.evaluator}, Optuna)")
     print(format_table(df, args.format))
     return 0

@@ -7,9 +7,9 @@ import dataclasses
 from pathlib import Path
 from typing import Any, get_type_hints
 
-import yaml
 from pydantic import TypeAdapter, ValidationError
 
+from study.config import yamltext
 from study.config.errors import ConfigError
 from study.config.identity import DATA_FILES
 from study.config.schema import TrialConfig
@@ -60,9 +60,11 @@ def describe_error(err: ValidationError, source: str, root: Any = None) -> str:
             allowed = allowed_keys(loc, root)
             msg = "unknown key" + (f"; allowed: {', '.join(allowed)}" if allowed else "")
         elif e["type"] == "literal_error" and "expected" in e.get("ctx", {}):
-            msg = f"{e.get('input')!r} is not allowed; allowed: {e['ctx']['expected']}"
+            msg = f"{yamltext.quote(e.get('input'))} is not allowed; allowed: {e['ctx']['expected']}"
         elif msg.startswith("Value error, "):
             msg = msg[len("Value error, "):]
+        if len(msg) > 4 * yamltext.MAX_QUOTE:  # a value's whole size is never printed
+            msg = msg[:4 * yamltext.MAX_QUOTE] + f"... ({len(msg):,} characters)"
         if not key or msg.startswith((f"{key}.", f"{key}=")):  # the message names its own dotted key
             lines.append(f"{source}: {msg}")
         else:
@@ -84,7 +86,11 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
         if "=" not in pair:
             raise ConfigError(f"override {pair!r} must look like key=value (e.g. model.carry.rule=infiloop)")
         k, v = pair.split("=", 1)
-        set_dotted(out, k.strip(), yaml.safe_load(v))
+        key = k.strip()
+        if not key or any(not part for part in key.split(".")):
+            raise ConfigError(f"override {yamltext.quote(pair)}: {yamltext.quote(key)} is not a dotted key "
+                              "(e.g. model.carry.rule)")
+        set_dotted(out, key, yamltext.parse(v, f"override {key}"))
     return out
 
 
@@ -96,13 +102,8 @@ def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
-    if not path.exists():
-        raise ConfigError(f"{path}: no such file")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    """A spec or config file as a mapping (study.config.yamltext: bounded, UTF-8, no key twice)."""
+    data = yamltext.read(path) or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     return data

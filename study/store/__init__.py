@@ -18,7 +18,7 @@ The contract, stated once:
   the newer columns.
 - Concurrency: trials write only their own files, so any number of writers on any number of nodes never collide;
   compaction writes its files before it removes any and leaves a marker naming what it removes, so reads are right
-  before, during and after it.
+  before, during and after it. One driver runs a study at a time (a renewed lease, `_leases/<name>.json`).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from study.store import compaction, completeness, listing, read
 from study.store.files import Root
 from study.store.integrity import has_parquet_tail
 from study.store.layout import COMPACTED, TRIAL_FILE, file_trial_id, trial_file
+from study.store.lease import StudyLease
 from study.store.schema import (
     SCHEMA_VERSION,
     SCHEMAS,
@@ -136,6 +137,10 @@ class Store:
     def trial_row(self, study: str, trial_id: str) -> dict[str, Any] | None:
         """One trial's row of the trials table; None when it has none."""
         return completeness.trial_row(self._root, check_study_name(study), trial_id)
+
+    def lease(self, study: str) -> StudyLease:
+        """`with store.lease(name):` one driver per study at a time (see lease.py)."""
+        return StudyLease(self._root, check_study_name(study))
 
     # -- compaction ------------------------------------------------------------------------------------------------
     def compact(self, study: str, on_table: Callable[[str, int, int], None] | None = None,

@@ -28,7 +28,8 @@ def compacted_ids(root: Root, study: str, trial_id: str | None = None) -> set[st
         if info.type != pafs.FileType.File or not sound(root, info) or check_file(root, table, info, schema(table)):
             return set()
     path = compacted_file(root.root, "trials", study)
-    lf = pl.scan_parquet(root.polars_path(path), storage_options=root.polars_options()).select("trial_id")
+    lf = pl.scan_parquet(root.polars_path(path), storage_options=root.polars_options(), glob=False,
+                         hive_partitioning=False).select("trial_id")
     if trial_id is not None:
         lf = lf.filter(pl.col("trial_id") == trial_id)
     return set(lf.collect()["trial_id"].to_list())

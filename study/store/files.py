@@ -42,6 +42,11 @@ class Root:
 
     @classmethod
     def open(cls, uri: str) -> Root:
+        try:
+            uri.encode("utf-8")
+        except UnicodeEncodeError:
+            raise StoreError(f"results store {uri.encode('utf-8', 'surrogateescape')!r} is not a UTF-8 path; "
+                             "give a path or URI in UTF-8") from None
         if is_uri(uri):
             try:
                 fs, path = pafs.FileSystem.from_uri(uri)
@@ -66,30 +71,36 @@ class Root:
             print(f"loopstudy: left out {path}: {why}", file=sys.stderr)
 
     def entries(self, base: str, recursive: bool) -> list[Entry]:
-        """What lies under `base` (nothing when it is missing). A local folder is read with os.scandir: at 10,000
-        trial files that is several times faster than pyarrow's FileInfo listing."""
-        if self.local and not recursive:
-            try:
-                it = os.scandir(base)
-            except (FileNotFoundError, NotADirectoryError):
-                return []
-            out = []
-            with it:
-                for e in it:
-                    if e.name.startswith("."):  # writes in flight: renamed away at any moment, never read
-                        continue
-                    if e.is_file(follow_symlinks=False):
-                        try:
-                            st = e.stat(follow_symlinks=False)
-                        except FileNotFoundError:  # removed since the listing (a compaction): not there
-                            continue
-                        out.append(Entry(e.path, e.name, st.st_size, st.st_mtime_ns, True))
-                    else:
-                        out.append(Entry(e.path, e.name, None, None, False))
-            return out
+        """What lies under `base` (nothing when it is missing). A local folder is read with os.scandir, links not
+        followed: only a regular file is a file (a symlink, FIFO or folder named like one is not), and at 10,000
+        trial files it is several times faster than pyarrow's FileInfo listing."""
+        if self.local:
+            return self._local_entries(base, recursive)
         sel = pafs.FileSelector(base, recursive=recursive, allow_not_found=True)
         return [Entry(i.path, i.base_name, i.size, i.mtime_ns, i.type == pafs.FileType.File)
                 for i in self.fs.get_file_info(sel)]
+
+    def _local_entries(self, base: str, recursive: bool) -> list[Entry]:
+        try:
+            it = os.scandir(base)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        out = []
+        with it:
+            for e in it:
+                if e.name.startswith("."):  # writes in flight: renamed away at any moment, never read
+                    continue
+                if e.is_file(follow_symlinks=False):
+                    try:
+                        st = e.stat(follow_symlinks=False)
+                    except FileNotFoundError:  # removed since the listing (a compaction): not there
+                        continue
+                    out.append(Entry(e.path, e.name, st.st_size, st.st_mtime_ns, True))
+                else:
+                    out.append(Entry(e.path, e.name, None, None, False))
+                    if recursive and e.is_dir(follow_symlinks=False):
+                        out += self._local_entries(e.path, True)
+        return out
 
     def write_table(self, data: pa.Table, final: str) -> None:
         """A Parquet file, atomically (see study.atomic)."""
@@ -109,6 +120,8 @@ class Root:
                 return f.read().decode()
         except FileNotFoundError:  # never written, or removed meanwhile (a compaction's marker)
             return None
+        except UnicodeDecodeError:
+            raise StoreError(f"{path} is not UTF-8 text: it is damaged; remove or restore it") from None
 
     # -- the same files through Polars' reader --------------------------------------------------------------------
     def polars_path(self, path: str) -> str:

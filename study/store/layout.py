@@ -5,6 +5,7 @@
     <root>/_studies/<name>.yaml                      the spec a study was last run with
     <root>/_compacting/<name>.json                   per-trial files a running compaction is removing
     <root>/_tune/<name>/                             Ray Tune's experiment state (checkpoints, resume)
+    <root>/_leases/<name>.json                       the driver running the study (store/lease.py)
 
 Folders starting with '_' and files starting with '.' (writes in flight) are never read as table rows.
 """

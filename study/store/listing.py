@@ -1,8 +1,10 @@
 """Which files of a table belong to which study: the listing rule every read and every completeness check uses.
 
-Only `<table>/study=<name>/<trial_id>.parquet` and `<table>/study=<name>/_compacted.parquet` count. Anything else
-(a stray copy such as `<id> (1).parquet`, a `backup/` folder, a folder whose name breaks the study-name rule)
-would count a trial twice: it is named on stderr and left out. Dot-files (writes in flight) are passed over.
+Only regular files (not links, folders or FIFOs) named `<table>/study=<name>/<trial_id>.parquet` and
+`<table>/study=<name>/_compacted.parquet` count. Anything else (a stray copy such as `<id> (1).parquet`, a
+`backup/` folder, a symlink or a folder named like a trial file, a folder whose name breaks the study-name rule)
+would count a trial twice or not at all: it is named on stderr and left out, by reads and completeness alike.
+Dot-files (writes in flight) are passed over.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ def sound_trial_ids(root: Root, table: str, study: str) -> set[str]:
     d = table_dir(root.root, table, study)
     try:
         with os.scandir(d) as it:
-            names = [e.name for e in it if TRIAL_FILE.fullmatch(e.name)]
+            names = [e.name for e in it if TRIAL_FILE.fullmatch(e.name) and e.is_file(follow_symlinks=False)]
     except (FileNotFoundError, NotADirectoryError):
         return set()
     return {file_trial_id(name) for name in names if has_parquet_tail(f"{d}/{name}")}

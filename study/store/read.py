@@ -21,9 +21,16 @@ def being_compacted(root: Root, study: str | None) -> dict[str, list[int]]:
     """{path: [size, mtime_ns]} of per-trial files that a compaction has merged and is removing."""
     out: dict[str, list[int]] = {}
     for s in [study] if study is not None else studies(root):
-        text = root.get_text(compacting_marker(s))
-        if text:
-            out.update(json.loads(text))
+        try:
+            text = root.get_text(compacting_marker(s))
+            doomed = json.loads(text) if text else {}
+            if not isinstance(doomed, dict):
+                raise ValueError("not a mapping")
+        except (StoreError, ValueError):
+            # a damaged marker names nothing reliably: read every file still there (each trial's own file wins)
+            root.warn(f"{root.root}/{compacting_marker(s)}", "a damaged compaction marker; ignored")
+            continue
+        out.update(doomed)
     return out
 
 
@@ -56,24 +63,38 @@ def sources(root: Root, table: str, study: str | None, skip_bad: bool) -> tuple[
     return kept["trial"], kept["compacted"]
 
 
+def study_of_file(path: str) -> str:
+    """The study a listed file belongs to: the name of its `study=<name>` folder."""
+    return study_of_dir(path.rsplit("/", 2)[-2])
+
+
 def scan(root: Root, table: str, study: str | None = None, skip_bad: bool = False):
-    """The table as a Polars LazyFrame with a `study` column (Hive partition): projections and filters reach the
-    Parquet scan, nothing is read until collect()."""
+    """The table as a Polars LazyFrame with a `study` column: projections and filters reach the Parquet scan,
+    nothing is read until collect().
+
+    Every path is literal: files are read as listed (no glob expansion, so a root named `g[1]` or `g*` reads its
+    own files only), and the study comes from the listing, not from parsing `key=value` out of the path (a root
+    or folder with `=` in its name is not a Hive partition)."""
     import polars as pl
 
     sch = pl.from_arrow(schema(table).empty_table()).schema
     trial, compacted = sources(root, table, study, skip_bad)
-    opts = {"schema": sch, "missing_columns": "insert", "extra_columns": "ignore", "hive_partitioning": True,
-            "hive_schema": {"study": pl.String}, "storage_options": root.polars_options()}
-    frames = []
-    if trial:
-        frames.append(pl.scan_parquet([root.polars_path(f) for f in trial], **opts))
-    if compacted:
-        comp = pl.scan_parquet([root.polars_path(f) for f in compacted], **opts)
-        own = [f"{study_of_dir(p.rsplit('/', 2)[-2])}/{file_trial_id(p)}" for p in trial]
-        if own:
-            comp = comp.filter(~pl.concat_str([pl.col("study"), pl.col("trial_id")], separator="/").is_in(own))
-        frames.append(comp)
+    opts = {"schema": sch, "missing_columns": "insert", "extra_columns": "ignore", "hive_partitioning": False,
+            "glob": False, "storage_options": root.polars_options()}
+
+    def per_study(files: list[str]) -> dict[str, pl.LazyFrame]:
+        by: dict[str, list[str]] = {}
+        for f in files:
+            by.setdefault(study_of_file(f), []).append(root.polars_path(f))
+        return {s: pl.scan_parquet(paths, **opts).with_columns(pl.lit(s, pl.String).alias("study"))
+                for s, paths in by.items()}
+
+    frames = list(per_study(trial).values())
+    own: dict[str, list[str]] = {}
+    for f in trial:
+        own.setdefault(study_of_file(f), []).append(file_trial_id(f))
+    for s, comp in per_study(compacted).items():  # a trial's own file wins over its compacted rows
+        frames.append(comp.filter(~pl.col("trial_id").is_in(own[s])) if s in own else comp)
     if not frames:
         return pl.LazyFrame(schema={**sch, "study": pl.String})
     return pl.concat(frames, how="vertical") if len(frames) > 1 else frames[0]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -39,7 +40,16 @@ class Task:
 
 
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("LOOPSTUDY_CACHE", Path.home() / ".cache" / "loopstudy")) / "datasets"
+    """$LOOPSTUDY_CACHE, else ~/.cache/loopstudy; the temporary folder when HOME is missing or not a folder (a
+    cluster's service account, a container), so a trial never fails for want of a home."""
+    if os.environ.get("LOOPSTUDY_CACHE"):
+        return Path(os.environ["LOOPSTUDY_CACHE"]) / "datasets"
+    try:
+        home = Path.home()
+    except (RuntimeError, KeyError):
+        home = None
+    base = home / ".cache" if home is not None and home.is_dir() else Path(tempfile.gettempdir())
+    return base / "loopstudy" / "datasets"
 
 
 def cached(key: dict, make, cache_dir: Path) -> Split:
