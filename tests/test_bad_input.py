@@ -1,6 +1,7 @@
 """Bad input is refused up front (exit 2, one line, no traceback, before Ray starts) and no row escapes the store,
 goes stale or is counted twice."""
 
+import contextlib
 import os
 import random
 import shutil
@@ -86,11 +87,11 @@ def write_csv(path: Path, rows: list[str]) -> Path:
     (BASE + "resources: {cpu: 0}\n", ["resources.cpu", "cpu > 0"]),
     ("name: ../../x\n", ["name: study name '../../x' is not allowed"]),
     ("name: a%20b\n", ["'a%20b' is not allowed"]),
-    (BASE + "task: {name: sudoku, size: 4, csv: missing.csv}\n", ["task.csv=", "missing.csv", "does not exist"]),
-    (BASE + "task: {name: sudoku, size: 4, csv: .}\n", ["task.csv=", "is a folder"]),
-    (BASE + "task: {name: maze, size: 5, csv: x.csv}\n", ["task.csv is for sudoku", "'maze'"]),
+    ("name: bad\ntask: {name: sudoku, size: 4, csv: missing.csv}\n", ["task.csv=", "missing.csv", "does not exist"]),
+    ("name: bad\ntask: {name: sudoku, size: 4, csv: .}\n", ["task.csv=", "is a folder"]),
+    ("name: bad\ntask: {name: maze, size: 5, csv: x.csv}\n", ["task.csv is for sudoku", "'maze'"]),
     (BASE + "model: {hidden: 1000000000}\n", ["model.hidden=1000000000", "at most 16,384"]),
-    (BASE + "task: {name: sudoku, size: 4, n_train: 1000000000}\n", ["task.n_train=1000000000", "at most"]),
+    ("name: bad\ntask: {name: sudoku, size: 4, n_train: 1000000000}\n", ["task.n_train=1000000000", "at most"]),
     (BASE + "train: {steps: 1000000000}\n", ["train.steps=1000000000", "at most"]),
     (BASE + "train: {batch_size: 1000000000}\n", ["train.batch_size", "at most"]),
     (BASE + "train: {lr: .inf}\n", ["train.lr=inf", "finite"]),
@@ -511,3 +512,86 @@ def test_a_full_disk_is_said_plainly():
     line = os_error_line(OSError(errno.ENOSPC, "No space left on device", "/r/trials/study=s/.t1.tmp"))
     assert "no space left" in line and "nothing half-written was left" in line and "/r/trials" in line
     assert "cannot write" in os_error_line(OSError(errno.EROFS, "Read-only file system", "/r"))
+
+
+# -- generated: random overrides, YAML text and store paths ------------------------------------------------------------
+NASTY = ["[", "]", "{", "}", "*", "?", "=", "&a", "*a", "!!python/object:os.system", "\x00", "\udcff", "..", "%2F",
+         ":", "-", "#", "'", '"', "\n", "\t", "  ", "|", ">", ".inf", ".nan", "1e999", "-0", "~", "null"]
+
+
+def random_text(rng: random.Random, n: int) -> str:
+    return "".join(rng.choice(NASTY + list("abcxyz019.,_ ")) for _ in range(n))
+
+
+def test_random_overrides_are_refused_in_one_line_or_accepted(tmp_path):
+    """load_study with a random key=value: a valid config, or one ConfigError line naming the override or file;
+    never another exception."""
+    from study.config import parse_overrides
+
+    spec = write(tmp_path, BASE)
+    keys = ["train.lr", "model.carry.rule", "eval.depths", "model..L", "task", "sweep.grid", "x.y", "model.H"]
+    rng = random.Random(1)
+    refused = 0
+    for _ in range(300):
+        pair = f"{rng.choice(keys + [random_text(rng, 4)])}={random_text(rng, rng.randint(0, 12))}"
+        try:
+            parse_overrides([pair])
+            load_study(spec, [pair])
+        except ConfigError as e:
+            assert "\n" not in str(e).strip() or str(e).count(str(spec)) >= 1, (pair, str(e)[:300])
+            assert len(str(e)) < 5000, pair
+            refused += 1
+    assert refused > 100
+
+
+def test_random_yaml_texts_are_refused_in_one_line_or_loaded(tmp_path):
+    rng = random.Random(2)
+    base = (REPO / "search_spaces" / "smoke.yaml").read_text()
+    for i in range(200):
+        at = rng.randrange(len(base))
+        text = base[:at] + random_text(rng, rng.randint(1, 8)) + base[at + rng.randint(0, 5):]
+        path = tmp_path / f"y{i}.yaml"
+        path.write_bytes(text.encode("utf-8", "surrogateescape"))
+        try:
+            load_study(path)
+        except ConfigError as e:
+            assert str(e).startswith(str(path)), (text[max(0, at - 20):at + 20], str(e)[:300])
+
+
+@pytest.mark.parametrize("name", ["g[1]", "g*", "a=b", "sp ace", "per%cent", "new\nline", "x..y", "-dash", "ü"])
+def test_stores_at_any_path_read_back_exactly_their_own_rows(tmp_path, name):
+    root = tmp_path / name
+    store = Store(root)
+    write_trial(store, "s", "t1")
+    write_trial(Store(tmp_path / "g1"), "s", "other")  # a sibling a glob would match
+    assert pl.from_arrow(store.read("trials"))["trial_id"].to_list() == ["t1"]
+    assert store.completed_trials("s") == {"t1"}
+    proc = loopstudy("table", "depth", "--study", "s", "--store", str(root), "--format", "csv")
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-1000:]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 64 KiB file system (tmpfs, mounted as root): a full disk for real; skipped where mounting is not allowed."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_a_full_disk_ends_in_one_line_and_leaves_nothing_half_written(small_disk, tmp_path):
+    store = Store(small_disk / "r")
+    write_trial(store, "s", "t1")
+    with contextlib.suppress(OSError), open(small_disk / "ballast", "wb") as f:  # fill what is left
+        while True:
+            f.write(b"\0" * 1024)
+            f.flush()
+    proc = loopstudy("compact", "s", "--store", str(small_disk / "r"), "--grace", "0")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "no space left on the device" in proc.stderr and "nothing half-written was left" in proc.stderr
+    assert not [p for p in (small_disk / "r").rglob("*") if p.name.endswith(".tmp")]  # no temporary file left
+    assert store.completed_trials("s") == {"t1"}  # and the trial is as it was

@@ -1,6 +1,8 @@
 """One driver per study: a second one is refused while the first holds a live lease; a dead driver's lease lapses."""
 
 import json
+import socket
+import subprocess
 import time
 
 import pytest
@@ -34,6 +36,12 @@ def test_the_lease_is_renewed_while_its_driver_runs(tmp_path):
 
 def test_the_lease_of_a_driver_that_died_lapses(tmp_path):
     store = Store(tmp_path)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    here = {"owner": "killed", "host": socket.gethostname(), "pid": gone.pid, "started": "now", "renewed": time.time()}
+    store.put_text(lease_file("s"), json.dumps(here))  # a driver on this machine that was killed a moment ago
+    with store.lease("s"):
+        pass
     dead = {"owner": "gone", "host": "h", "pid": 1, "started": "then", "renewed": time.time() - 3600}
     store.put_text(lease_file("s"), json.dumps(dead))
     with store.lease("s"):

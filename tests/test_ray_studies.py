@@ -174,6 +174,23 @@ def test_resume_after_the_driver_died_before_tune_saved_any_trial(ray_cluster, t
     assert_rows_once(tmp_path, "tiny", 4)
 
 
+def test_resume_with_a_damaged_tune_state_runs_the_saved_spec(ray_cluster, tmp_path):
+    driver = subprocess.Popen([sys.executable, "-m", "study.cli", "run", "tests/specs/tiny.yaml", "--address",
+                               ray_cluster["address"], "--store", str(tmp_path), "--no-plot"],
+                              cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 300
+    while not (tmp_path / "_tune" / "tiny" / "tuner.pkl").exists():
+        assert driver.poll() is None and time.time() < deadline
+        time.sleep(0.05)
+    os.killpg(driver.pid, signal.SIGKILL)  # its lease is left behind: resume on this machine takes it over
+    driver.wait()
+    (tmp_path / "_tune" / "tiny" / "tuner.pkl").write_bytes(b"\x80\x04 damaged")
+    proc = loopstudy("resume", "tiny", "--store", str(tmp_path), "--address", ray_cluster["address"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "cannot be restored" in proc.stderr and "Traceback" not in proc.stderr
+    assert_rows_once(tmp_path, "tiny", 4)
+
+
 def node_processes(resource_name: str) -> list[int]:
     """PIDs of the raylet that carries `resource_name` and of the workers attached to it."""
     out = subprocess.run(["ps", "-ww", "-eo", "pid=,args="], capture_output=True, text=True).stdout

@@ -1,7 +1,8 @@
 """One driver per study at a time: a lease under the root (`_leases/<study>.json`), renewed while the driver runs.
 
 A second driver that finds a live lease (renewed within LEASE_S) refuses to start, naming the first; a lease whose
-driver died stops being renewed and is taken over LEASE_S later. Trials write only their own files, so two drivers
+driver died stops being renewed and is taken over LEASE_S later, or at once on the machine it ran on (its process
+is gone). Trials write only their own files, so two drivers
 would never corrupt results, but both would run every pending trial: the work doubled.
 """
 
@@ -21,6 +22,16 @@ from study.store.schema import StoreError
 
 LEASE_S = 60.0  # a lease not renewed for this long belongs to a driver that is gone
 RENEW_S = 15.0
+
+
+def pid_alive(pid) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (ProcessLookupError, ValueError, TypeError):
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
 
 
 def lease_file(study: str) -> str:
@@ -47,6 +58,8 @@ class StudyLease:
             return None  # a damaged lease protects nothing: take it over
         if not isinstance(held, dict) or held.get("owner") == self.me["owner"]:
             return None
+        if held.get("host") == self.me["host"] and not pid_alive(held.get("pid")):
+            return None  # its driver ran here and is gone (killed): no need to wait for the lease to lapse
         return held if time.time() - float(held.get("renewed", 0)) < self.lease_s else None
 
     def _write(self) -> None:
