@@ -19,9 +19,10 @@ from pathlib import Path
 import polars as pl
 
 from study.analysis.figures import plot
+from study.analysis.formatting import widen
 from study.analysis.importance import importance
 from study.analysis.report import report
-from study.analysis.tables import build_table, config_columns, list_studies, sql, widen
+from study.analysis.tables import build_table, config_columns, list_studies, sql
 from study.metrics import DEFAULT_METRIC
 from study.store import TABLES, Store
 

@@ -11,6 +11,7 @@ a dead driver's study (Tuner.restore) and submits studies as Ray Jobs; study.pro
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from pathlib import Path
@@ -31,8 +32,13 @@ COMPACT_AT = 500  # per-trial files per table at which a finished run compacts i
 
 
 # -- cluster and storage checks ----------------------------------------------------------------------------------------
-def init_ray(address: str | None, num_cpus: int | None = None) -> None:
-    """Embedded local Ray (default) or join a cluster. A loopback address keeps this driver on 127.0.0.1 too."""
+def init_ray(address: str | None, num_cpus: int | None = None, verbose: bool = False) -> None:
+    """Embedded local Ray (default) or join a cluster. A loopback address keeps this driver on 127.0.0.1 too.
+    Quiet unless verbose: the terminal shows loopstudy's own lines (results live in Parquet, not in Tune's
+    experiment folder), not Ray's token notice, Tune's configuration box or its "View detailed results" line."""
+    if not verbose:
+        os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's box and result-folder lines
+        logging.getLogger("ray._private.authentication").setLevel(logging.ERROR)
     # Frequent small checkpoints are by design (resume after a lost node); Tune's sync warning is noise here.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     # Our rows go to the Parquet store. Tune's default CSV/JSON/TensorBoard loggers would only duplicate them, and
@@ -48,10 +54,10 @@ def init_ray(address: str | None, num_cpus: int | None = None) -> None:
     if ray.is_initialized():
         return
     if embedded:
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-                 configure_logging=False)
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=verbose,
+                 configure_logging=verbose)
     else:
-        ray.init(address=address, log_to_driver=False, configure_logging=False)
+        ray.init(address=address, log_to_driver=verbose, configure_logging=verbose)
 
 
 def cluster_nodes() -> list[dict[str, Any]]:
@@ -140,7 +146,7 @@ def save_spec(store: Store, study: Study) -> None:
 
 def run_study(study: Study, *, address: str | None = None, storage: str | None = None,
               shared_storage: bool = False, num_cpus: int | None = None,
-              compact_at: int = COMPACT_AT) -> dict[str, Any]:
+              compact_at: int = COMPACT_AT, verbose: bool = False) -> dict[str, Any]:
     """Run every pending trial of the study; returns counts. Trials complete in storage are not run again. When the
     study then has compact_at or more per-trial files per table (0: never), they are compacted. One driver per
     study: another one running it is refused before Ray starts (Store.lease)."""
@@ -148,24 +154,25 @@ def run_study(study: Study, *, address: str | None = None, storage: str | None =
     store = Store(root)
     with store.lease(study.name):
         return _run_study(study, store, root, address=address, shared_storage=shared_storage, num_cpus=num_cpus,
-                          compact_at=compact_at)
+                          compact_at=compact_at, verbose=verbose)
 
 
 def _run_study(study: Study, store: Store, root: str, *, address: str | None, shared_storage: bool,
-               num_cpus: int | None, compact_at: int) -> dict[str, Any]:
-    init_ray(address, num_cpus)
-    import ray
-
-    preflight_study(study, store, cluster=ray.cluster_resources(), nodes=cluster_nodes(), shared=shared_storage)
-    save_spec(store, study)
+               num_cpus: int | None, compact_at: int, verbose: bool = False) -> dict[str, Any]:
     done = store.completed_trials(study.name)
     pending = [c for c in study.trials if trial_id(c) not in done]
     skipped = len(study.trials) - len(pending)
     if skipped:
         eprint(f"[{study.name}] {skipped} trial(s) already complete in {root}: not run again")
-    if not study.is_optuna and not pending:
-        eprint(f"[{study.name}] nothing to run")
+    if not study.is_optuna and not pending:  # said without starting Ray
+        save_spec(store, study)
+        eprint(f"[{study.name}] nothing to run: all {len(study.trials)} trial(s) are complete")
         return {"ran": 0, "skipped": skipped, "errors": 0}
+    init_ray(address, num_cpus, verbose)
+    import ray
+
+    preflight_study(study, store, cluster=ray.cluster_resources(), nodes=cluster_nodes(), shared=shared_storage)
+    save_spec(store, study)
     threads = max(1, int(study.spec.resources.cpu))
     n = study.spec.sweep.optuna.num_samples if study.is_optuna else len(pending)
     eprint(f"[{study.name}] {n} trial(s) on Ray ({address or 'embedded'}); results -> {root}")
@@ -214,7 +221,7 @@ def maybe_compact(store: Store, name: str, compact_at: int) -> None:
                f"({n:,} per-trial files per table; {time.perf_counter() - t0:.1f}s; --compact-at 0 turns this off)")
 
 
-def resume_study(name: str, *, storage: str, address: str | None = None) -> dict[str, Any]:
+def resume_study(name: str, *, storage: str, address: str | None = None, verbose: bool = False) -> dict[str, Any]:
     """Tuner.restore the study's experiment: finished trials are not re-run, unfinished ones continue from their
     last checkpoint. When no experiment state was saved yet, run the saved spec again (complete trials skipped)."""
     from study.spec import load_saved_study
@@ -223,13 +230,13 @@ def resume_study(name: str, *, storage: str, address: str | None = None) -> dict
     store = Store(root)
     study = load_saved_study(store, name)
     store.lease(name).refuse_if_held()  # before Ray starts (the lease itself is taken around the run)
-    init_ray(address)
+    init_ray(address, verbose=verbose)
     from ray import tune
 
     path = f"{tune_dir(root)}/{name}"
     if not tune.Tuner.can_restore(path):
         eprint(f"[{name}] no saved Tune state at {path}: running the saved spec (complete trials skipped)")
-        return run_study(study, address=address, storage=root)
+        return run_study(study, address=address, storage=root, verbose=verbose)
     done_before = store.completed_trials(name)
     eprint(f"[{name}] restoring from {path}; {len(done_before)} trial(s) complete in storage")
     res = study.spec.resources
@@ -243,7 +250,7 @@ def resume_study(name: str, *, storage: str, address: str | None = None) -> dict
     except Exception as e:  # a damaged tuner.pkl or experiment state: the store still knows what is complete
         eprint(f"[{name}] Tune's saved state at {path} cannot be restored ({type(e).__name__}: "
                f"{str(e).splitlines()[0][:200] if str(e) else ''}): running the saved spec (complete trials skipped)")
-        return run_study(study, address=address, storage=root)
+        return run_study(study, address=address, storage=root, verbose=verbose)
     with store.lease(name):
         grid = tuner.fit()
     errors = sum(1 for r in grid if r.error is not None)
@@ -251,7 +258,7 @@ def resume_study(name: str, *, storage: str, address: str | None = None) -> dict
     missing = [c for c in study.trials if trial_id(c) not in store.completed_trials(name)]
     if missing and not study.is_optuna:  # trials Tune never got to before the driver died
         eprint(f"[{name}] {len(missing)} trial(s) were not in the restored experiment: running them")
-        run_study(study, address=address, storage=root)
+        run_study(study, address=address, storage=root, verbose=verbose)
     return {"ran": len(grid), "errors": errors}
 
 

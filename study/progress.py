@@ -4,6 +4,7 @@ imports Ray, so the launcher imports it only when it builds a Tuner."""
 
 from __future__ import annotations
 
+import json
 import time
 
 from ray.tune import Callback
@@ -11,6 +12,20 @@ from ray.tune import Callback
 from study.console import eprint
 
 STATUS_EVERY_S = 30.0  # the driver prints what the running trials are doing at most this often
+
+
+def describe(config: dict) -> str:
+    """A trial in words, from the config Tune hands it: its variant and seed (a grid point), or its Optuna picks."""
+    trial = config.get("trial")
+    if isinstance(trial, str):  # a grid point, as JSON text (launch.param_space)
+        try:
+            data = json.loads(trial)
+        except ValueError:
+            return "a trial"
+        return f"{data.get('label') or 'trial'} seed {data.get('seed', 0)}"
+    picks = config.get("searched") or {}
+    return ", ".join(f"{k.rsplit('.', 1)[-1]}={v:.3g}" if isinstance(v, float) else f"{k.rsplit('.', 1)[-1]}={v}"
+                     for k, v in picks.items()) or "a trial"
 
 
 class Progress(Callback):
@@ -23,6 +38,7 @@ class Progress(Callback):
         self.active: set[str] = set()  # counted here: Tune's statuses lag behind these callbacks
         self.best: float | None = None
         self.doing: dict[str, str] = {}  # running trial -> "train 40%" / "eval 12%"
+        self.names: dict[str, str] = {}  # Tune's trial id -> the trial in words
         self.next_status = time.monotonic() + status_every_s
 
     def _line(self, what: str) -> None:
@@ -43,14 +59,16 @@ class Progress(Callback):
 
     def on_trial_start(self, iteration, trials, trial, **info):
         self.active.add(trial.trial_id)
-        self._line(f"started {trial.trial_id}")
+        self.names[trial.trial_id] = describe(trial.config)
+        self._line(f"started {self.names[trial.trial_id]}")
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         if "phase" in result:
             self.doing[trial.trial_id] = f"{result['phase']} {100 * result.get('progress', 0):.0f}%"
         if time.monotonic() >= self.next_status and self.doing:
             self.next_status = time.monotonic() + self.status_every_s
-            eprint(f"[{self.study_name}] running: " + ", ".join(f"{t} {d}" for t, d in sorted(self.doing.items())))
+            eprint(f"[{self.study_name}] running: " + ", ".join(f"{self.names.get(t, t)} {d}"
+                                                               for t, d in sorted(self.doing.items())))
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         self._ended(trial)

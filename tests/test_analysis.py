@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from study.analysis import figures, tables
+from study.analysis import figures, formatting, published, tables
 from study.config import TrialConfig, to_dict
 from study.store import Store, config_row
 
@@ -51,7 +51,7 @@ def store(tmp_path_factory):
 def mean_ci(xs):
     m = sum(xs) / len(xs)
     sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
-    return m, sd, 4.303 * sd / math.sqrt(len(xs))  # t(0.975, df=2)
+    return m, sd, 4.302653 * sd / math.sqrt(len(xs))  # t(0.975, df=2)
 
 
 def test_depth_table_equals_hand_computed_means_and_cis(store):
@@ -65,6 +65,13 @@ def test_depth_table_equals_hand_computed_means_and_cis(store):
         assert row["exact_acc_std"] == pytest.approx(sd)
         assert row["exact_acc_ci95"] == pytest.approx(ci)
         assert row["n"] == 3
+
+
+def test_the_ci_uses_students_t_at_every_sample_size():
+    # beyond 30 degrees of freedom too: at n = 32 the normal 1.96 would be 4% too narrow
+    assert tables.t975(3) == pytest.approx(4.302653, abs=1e-6)
+    assert tables.t975(32) == pytest.approx(2.039513, abs=1e-6)
+    assert tables.t975(1000) > 1.96
 
 
 def test_difficulty_stability_and_final_tables(store):
@@ -88,7 +95,7 @@ def test_paper_rows_are_added_and_labelled(store):
 @pytest.mark.parametrize("fmt,marker", [("markdown", "| setting |"), ("csv", "setting,depth_layers"),
                                         ("latex", r"\begin{tabular}"), ("terminal", "setting")])
 def test_table_formats(store, fmt, marker):
-    text = tables.format_table(tables.build_table(store, "hand", "depth"), fmt)
+    text = formatting.format_table(tables.build_table(store, "hand", "depth"), fmt)
     assert marker in text and "carry" in text and "infiloop" in text
 
 
@@ -165,7 +172,7 @@ def test_bad_input_says_what_exists(store, tmp_path):
 
 
 def test_published_numbers_ship_with_their_sources():
-    pub = tables.published()
+    pub = published.published()
     assert pub.filter((pub["table"] == "depth") & (pub["method"] == "InfiLoop") & (pub["x"] == "24960"))[
         "value"].item() == 92.7
     assert pub["source"].null_count() == 0
@@ -187,14 +194,14 @@ def test_a_study_with_one_named_variant_so_far_is_labelled_by_it(tmp_path):
 
 
 def test_wide_table_has_a_column_per_setting_with_mean_and_ci(store):
-    wide = tables.widen(tables.build_table(store, "hand", "depth", paper=True))
+    wide = formatting.widen(tables.build_table(store, "hand", "depth", paper=True))
     assert wide.columns[:3] == ["depth_layers", "rule=carry_last", "rule=infiloop"]
     assert "InfiLoop [paper]" in wide.columns
     m, _, ci = mean_ci([ACC[("infiloop", s)][1] for s in range(3)])
     assert wide.filter(depth_layers=48)["rule=infiloop"].item() == f"{m:.3f} ± {ci:.3f}"
     assert wide.filter(depth_layers=24960)["InfiLoop [paper]"].item() == "0.927"  # a published number: no CI
     with pytest.raises(tables.AnalysisError, match="metrics: cell_acc, exact_acc"):
-        tables.widen(tables.build_table(store, "hand", "depth"), "accuracy")
+        formatting.widen(tables.build_table(store, "hand", "depth"), "accuracy")
 
 
 def test_one_vocabulary_across_commands_with_the_old_spellings_as_aliases():
@@ -247,6 +254,7 @@ def overthinking_store(tmp_path_factory):
             cfg = to_dict(TrialConfig(seed=seed, label=label))
             cfg["model"].update(H=8, L=1, n_layers=1, grad_steps=8)
             cfg["train"]["n_sup"] = 1
+            cfg["task"]["name"] = "prefix_sums"  # Deep Thinking's published curves join their own task only
             tid = f"{label}{seed}"
             s.write("depth_eval", "over", tid, [
                 {"depth_layers": d, "outer_cycles": d // 2, "difficulty": None, "n": 10, "exact_acc": a,

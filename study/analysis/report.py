@@ -1,25 +1,28 @@
 """`loopstudy report STUDY`: one self-contained HTML page from the stored Parquet alone.
 
-The page holds every table the study supports (with the papers' rows beside the measured ones), every figure it
-supports (PNG inlined as data: URIs, so the file can be mailed or archived on its own), the spec the study was run
-with and each trial's config and summary. No scripts, no external resources. Torch-free and Ray-free.
+The page opens with a summary (what was swept, how many trials are complete / stopped / stale, the headline
+table), then every table that applies to the study (with the papers' rows of the same task beside the measured
+ones), every figure that applies (full width, PNG inlined as data: URIs, so the file can be mailed or archived on
+its own; each links to its PNG beside the report to open large), the spec the study was run with and each trial's
+config and summary. Written beside the study's figures by default. No scripts, no external resources.
 """
 
 from __future__ import annotations
 
 import base64
 import html
-import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
 import polars as pl
 
 from study.analysis.figures import plot
-from study.analysis.tables import TABLES, AnalysisError, _cell, build_table, config_columns, load_context
+from study.analysis.formatting import _cell
+from study.analysis.tables import TABLES, AnalysisError, build_table, config_columns, load_context
+from study.membership import membership
 from study.metrics import METRICS
 from study.store import Store
-from study.store.layout import spec_file
+from study.store.layout import figures_dir, spec_file
 
 STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
@@ -28,7 +31,8 @@ table { border-collapse: collapse; margin: .5em 0 1.5em; font-size: 12px; }
 th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: right; } th { background: #f4f4f4; }
 td:first-child, th:first-child { text-align: left; }
 tr.paper td { color: #7a4b00; background: #fff8ea; }
-figure { display: inline-block; margin: 0 1em 1em 0; } figure img { width: 520px; border: 1px solid #eee; }
+figure { display: block; margin: 0 0 1.5em; } figure img { width: 100%; border: 1px solid #eee; }
+figcaption { color: #555; font-size: 12px; } .summary td:first-child { font-weight: 600; }
 pre { background: #f7f7f7; padding: 1em; overflow-x: auto; font-size: 12px; }
 nav a { margin-right: 1em; }
 """
@@ -45,33 +49,55 @@ def html_table(df: pl.DataFrame, table_id: str) -> str:
     return f'<table id="{table_id}"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 
 
+def summary_section(store: Store, study: str, ctx, headline: str) -> str:
+    """What the study swept, how many of its trials are in which state, and its headline table."""
+    counts = membership(store, study).counts()
+    swept = [(c, sorted(map(_cell, ctx.trials[c].unique().to_list()))) for c in ctx.axes] or [("(nothing)", [])]
+    rows = [("swept", "; ".join(f"{c}: {', '.join(v)}" if v else c for c, v in swept)),
+            ("trials", ", ".join(f"{n} {k}" for k, n in counts.items() if n) or "none"),
+            ("settings", str(ctx.trials["setting"].n_unique())),
+            ("seeds", str(ctx.trials["seed"].n_unique()) if "seed" in ctx.trials.columns else "1")]
+    table = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in rows)
+    return f'<table class="summary" id="summary-table"><tbody>{table}</tbody></table>{headline}'
+
+
+def figures_section(store: Store, study: str, ctx, folder: Path, skip_bad: bool) -> list[str]:
+    """Every figure that applies, inlined full width; each opens large from the PNG written beside the report."""
+    out = []
+    for path in plot(store, study, "all", folder, skip_bad=skip_bad, ctx=ctx, only_changed=True):
+        if path.suffix == ".png":
+            data = base64.b64encode(path.read_bytes()).decode()
+            kind = path.stem[len(study) + 1:]
+            out.append(f'<figure id="figure-{kind}"><a href="{html.escape(path.name)}"><img alt="{kind}" '
+                       f'src="data:image/png;base64,{data}"></a><figcaption>{kind} (click to open '
+                       f"{html.escape(path.name)})</figcaption></figure>")
+    return out
+
+
 def report(store: Store, study: str, out: str | Path | None = None, skip_bad: bool = False,
            include_stale: bool = False) -> Path:
-    """Write the study's report to `out` (default `<study>_report.html`; a folder: that file inside it); returns
-    its path."""
+    """Write the study's report to `out` (default: beside the study's figures, `<store>/figures/<study>_report.html`;
+    a folder: that file inside it); returns its path. Only the tables and figures that apply to the study."""
     ctx = load_context(store, study, skip_bad, include_stale)
-    out = Path(out or f"{study}_report.html")
+    out = Path(out or Path(figures_dir(store.uri)) / f"{study}_report.html")
     if out.is_dir():  # a folder: the report goes inside it
         out = out / f"{study}_report.html"
+    out.parent.mkdir(parents=True, exist_ok=True)
     sections: list[tuple[str, str, str]] = []  # (anchor, title, html)
 
-    tables = []
+    tables, headline = [], ""
     for kind in TABLES:
         try:
             df = build_table(store, study, kind, paper=True, skip_bad=skip_bad, ctx=ctx)
         except AnalysisError:
-            continue  # this study has no data for that table
+            continue  # this study has no data for that table, or does not sweep what it shows
         tables.append(f"<h3>{kind}</h3>" + html_table(df, f"table-{kind}"))
+        if kind == "final":
+            headline = "<h3>Headline: accuracy at the deepest reading</h3>" + html_table(
+                df.filter(pl.col("source") == "measured"), "headline")
+    sections.append(("summary", "Summary", summary_section(store, study, ctx, headline)))
     sections.append(("tables", f"Tables ({len(tables)})", "".join(tables) or "<p>No table applies.</p>"))
-
-    figures = []
-    with tempfile.TemporaryDirectory() as d:
-        for path in plot(store, study, "all", d, skip_bad=skip_bad, ctx=ctx):
-            if path.suffix == ".png":
-                data = base64.b64encode(path.read_bytes()).decode()
-                kind = path.stem[len(study) + 1:]
-                figures.append(f'<figure id="figure-{kind}"><img alt="{kind}" src="data:image/png;base64,{data}">'
-                               f"<figcaption>{kind}</figcaption></figure>")
+    figures = figures_section(store, study, ctx, out.parent, skip_bad)
     sections.append(("figures", f"Figures ({len(figures)})", "".join(figures) or "<p>No figure applies.</p>"))
 
     spec = store.get_text(spec_file(study))
@@ -79,8 +105,7 @@ def report(store: Store, study: str, out: str | Path | None = None, skip_bad: bo
                      "<p>No saved spec (trials written by <code>loopstudy trial</code>).</p>"))
 
     trials = ctx.trials.sort("trial_id")
-    summary = [c for c in (*METRICS, "wall_s", "device")
-               if c in trials.columns]
+    summary = [c for c in (*METRICS, "wall_s", "device") if c in trials.columns]
     overview = trials.select(["trial_id", "setting", *[c for c in ctx.axes if c != "label"], "seed", *summary])
     configs = "".join(
         f"<details><summary>{html.escape(r['trial_id'])}</summary>"
@@ -95,9 +120,7 @@ def report(store: Store, study: str, out: str | Path | None = None, skip_bad: bo
     page = (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>loopstudy: {html.escape(study)}"
             f"</title><style>{STYLE}</style></head><body><h1>Study {html.escape(study)}</h1>"
             f"<p>{trials.height} complete trials in <code>{html.escape(store.uri)}</code>; made {made} from the "
-            f"stored Parquet alone. Rows marked in amber are the papers' published numbers.</p>"
-            f"<nav>{nav}</nav>{body}</body></html>")
-    out.parent.mkdir(parents=True, exist_ok=True)
+            f"stored Parquet alone. Rows marked in amber are the papers' published numbers, shown only beside "
+            f"measured rows of the same task.</p><nav>{nav}</nav>{body}</body></html>")
     out.write_text(page, encoding="utf-8")
     return out
-

@@ -7,16 +7,15 @@ placement=both"); with paper=True the published rows join as setting "<method> [
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib import resources
 
 import polars as pl
 
+from study.analysis import AnalysisError
+from study.analysis.published import paper_rows, study_task
 from study.config import NON_IDENTITY, layers_per_step
 from study.console import eprint
 from study.membership import KINDS, membership
@@ -24,27 +23,21 @@ from study.metrics import METRICS
 from study.store import TABLES as STORE_TABLES
 from study.store import Store, StoreError
 
-# t_{0.975, df} for df = 1..30; 1.96 beyond
-T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
-
 # Config columns that never define a group: the seed, and the fields that cannot change a trial's results.
 NOT_AXES = {"seed"} | {f"{section}.{name}" for section, name in NON_IDENTITY}
 
 
 def t975(n: int) -> float:
-    df = n - 1
-    return T975[df - 1] if 1 <= df <= len(T975) else 1.96
+    """Student's t quantile at 0.975 with n - 1 degrees of freedom (scipy), for a 95% CI over n seeds."""
+    from scipy.stats import t
+
+    return float(t.ppf(0.975, n - 1))
 
 
 def ci95(std: float | None, n: int) -> float | None:
     if std is None or n < 2 or (isinstance(std, float) and math.isnan(std)):
         return None
     return t975(n) * std / math.sqrt(n)
-
-
-class AnalysisError(Exception):
-    """Nothing to show (unknown study, empty study, unknown kind): the message says what exists."""
 
 
 def config_columns(trials: pl.DataFrame) -> list[str]:
@@ -247,115 +240,58 @@ TABLES: dict[str, tuple[Callable[[Context], pl.DataFrame], str | None]] = {
 }
 
 
-def published(table: str | None = None) -> pl.DataFrame:
-    """The papers' numbers shipped with the package (study/data/published.csv), each row with its source."""
-    text = resources.files("study.data").joinpath("published.csv").read_text()
-    df = pl.read_csv(io.StringIO(text), schema_overrides={"x": pl.String})
-    return df if table is None else df.filter(pl.col("table") == table)
-
-
-def dt_multiple(x: str) -> float:
-    """A published Deep Thinking reading's depth as a multiple of its training depth: x = "test/train" iterations."""
-    test, train = x.split("/")
-    return int(test) / int(train)
-
-
-def paper_rows(kind: str, measured: pl.DataFrame) -> pl.DataFrame:
-    """Published rows shaped like the measured table: setting '<method> [paper]', metric in <metric>_mean."""
-    _, paper_table = TABLES[kind]
-    if paper_table is None:
-        return measured.clear()
-    pub = published(paper_table)
-    rows = []
-    for r in pub.iter_rows(named=True):
-        row = {c: None for c in measured.columns}
-        row.update({"setting": f"{r['method']} [paper, {r['x']}]", "source": "paper"})
-        if kind == "depth":
-            row.update({"setting": f"{r['method']} [paper]", "depth_layers": int(r["x"])})
-        if kind == "difficulty" and r["x"].isdigit():
-            row.update({"setting": f"{r['method']} [paper]", "difficulty": int(r["x"])})
-        if kind == "overthinking":  # x is "<test iterations>/<training iterations>"
-            row.update({"setting": f"{r['method']} [paper]", "depth_x": round(dt_multiple(r["x"]), 3)})
-        # published percentages are shown as fractions, like the measured accuracies
-        value = r["value"] / 100 if r["metric"] == "exact_acc" else r["value"]
-        col = f"{r['metric']}_mean"
-        if col in row:
-            row[col] = value
-            rows.append(row)
-    if not rows:
-        return measured.clear()
-    return pl.DataFrame(rows, schema=measured.schema)
-
-
 def build_table(store: Store, study: str, kind: str, paper: bool = False, skip_bad: bool = False,
                 include_stale: bool = False, ctx: Context | None = None) -> pl.DataFrame:
     """Table `kind` of the study (ctx: a loaded context to reuse, as the report does for every table)."""
     if kind not in TABLES:
         raise AnalysisError(f"unknown table {kind!r}; tables: {', '.join(TABLES)}")
     ctx = ctx or load_context(store, study, skip_bad, include_stale)
+    why = applies(kind, ctx)
+    if why:
+        raise AnalysisError(f"table {kind} does not apply to study {study!r}: {why}")
     fn, _ = TABLES[kind]
     df = fn(ctx)
     if df.height == 0:
         raise AnalysisError(f"study {study!r} has no rows for table {kind!r} (was it evaluated with the "
                             "matching eval options, e.g. eval.stability or eval.perturb_update?)")
     if paper:
-        df = pl.concat([df, paper_rows(kind, df)], how="vertical_relaxed")
+        df = pl.concat([df, paper_rows(kind, TABLES[kind][1], df, study_task(ctx.trials))],
+                       how="vertical_relaxed")
     return df
 
 
-def widen(df: pl.DataFrame, metric: str = "exact_acc") -> pl.DataFrame:
-    """The papers' layout: one column per setting holding `metric` as 'mean +- 95% CI' (paper rows: the number).
-
-    Rows are the table's other group columns (e.g. depth_layers); the std, n and source columns are dropped.
-    """
-    if f"{metric}_mean" not in df.columns:
-        metrics = sorted(c.removesuffix("_mean") for c in df.columns if c.endswith("_mean"))
-        raise AnalysisError(f"no metric {metric!r} in this table; metrics: {', '.join(metrics)}")
-    stats = ("_mean", "_ci95", "_std")
-    index = [c for c in df.columns if c not in ("setting", "source", "n") and not c.endswith(stats)]
-    cells = [None if m is None else f"{m:.3f}" if c is None or math.isnan(c) else f"{m:.3f} ± {c:.3f}"
-             for m, c in zip(df[f"{metric}_mean"].to_list(), df[f"{metric}_ci95"].to_list())]
-    out = df.with_columns(pl.Series("cell", cells, dtype=pl.String))
-    out = out.pivot(on="setting", index=index or None, values="cell", maintain_order=True)
-    return out.sort(index, nulls_last=True) if index else out
+def _varies(ctx: Context, *cols: str) -> bool:
+    return any(c in ctx.trials.columns and ctx.trials[c].cast(pl.String).n_unique() > 1 for c in cols)
 
 
-# -- formatting --------------------------------------------------------------------------------------------------------
-def _cell(v) -> str:
-    if v is None:
-        return ""
-    if isinstance(v, float):
-        return "" if math.isnan(v) else f"{v:.4g}" if abs(v) >= 1000 or abs(v) < 1e-3 and v != 0 else f"{v:.3f}"
-    return str(v)
+def halting_evaluated(ctx: Context) -> bool:
+    """Whether any trial of the study halted samples at test time (eval.halting, else model.halting.enabled)."""
+    on = pl.col("model.halting.enabled").fill_null(False)
+    if "eval.halting" in ctx.trials.columns:
+        on = pl.when(pl.col("eval.halting").is_not_null()).then(pl.col("eval.halting")).otherwise(on)
+    return bool(ctx.trials.select(on.any()).item())
 
 
-def format_table(df: pl.DataFrame, fmt: str = "terminal") -> str:
-    cols = [c for c in df.columns if df[c].null_count() != df.height]
-    rows = [[_cell(v) for v in r] for r in df.select(cols).iter_rows()]
-    if fmt == "csv":
-        buf = io.StringIO()
-        w = csv.writer(buf, lineterminator="\n")
-        w.writerow(cols)
-        w.writerows(rows)
-        return buf.getvalue()
-    if fmt == "markdown":
-        out = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
-        out += ["| " + " | ".join(r) + " |" for r in rows]
-        return "\n".join(out)
-    if fmt == "latex":
-        esc = str.maketrans({"_": r"\_", "%": r"\%", "&": r"\&", "#": r"\#"})
-        out = [r"\begin{tabular}{" + "l" * len(cols) + "}", r"\toprule",
-               " & ".join(c.translate(esc) for c in cols) + r" \\", r"\midrule"]
-        out += [" & ".join(v.translate(esc) for v in r) + r" \\" for r in rows]
-        out += [r"\bottomrule", r"\end{tabular}"]
-        return "\n".join(out)
-    if fmt != "terminal":
-        raise AnalysisError(f"unknown format {fmt!r}; formats: terminal, markdown, csv, latex")
-    widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(cols)]
-    line = "  ".join(c.ljust(w) for c, w in zip(cols, widths))
-    out = [line, "-" * len(line)]
-    out += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in rows]
-    return "\n".join(out)
+def reads_past_training(ctx: Context) -> bool:
+    """Whether the study reads any trial deeper than it was trained."""
+    x = with_depth_multiple(ctx, ctx.table("depth_eval")).select(pl.col("depth_x").max()).collect().item()
+    return x is not None and x > 1
+
+
+def applies(kind: str, ctx: Context) -> str | None:
+    """None when table `kind` has something to show for this study, else why not (a table of a knob the study
+    does not sweep would only repeat the final table beside unrelated published rows)."""
+    if kind == "placement" and not _varies(ctx, "model.carry.placement"):
+        return "the study does not sweep model.carry.placement"
+    if kind == "beta" and not _varies(ctx, "model.carry.beta_init"):
+        return "the study does not sweep model.carry.beta_init"
+    if kind == "scaling" and not _varies(ctx, "model.residual_scaling", "model.a1_init", "model.a2_init"):
+        return "the study does not sweep FPRM's residual scaling (model.residual_scaling, a1_init, a2_init)"
+    if kind == "halting" and not halting_evaluated(ctx):
+        return "no trial halts at test time (model.halting.enabled / eval.halting)"
+    if kind in ("overthinking", "retention") and not reads_past_training(ctx):
+        return "no reading is deeper than the trial's training depth"
+    return None
 
 
 def list_studies(store: Store) -> pl.DataFrame:

@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 from study.console import eprint
-from study.paths import is_uri
+from study.store.layout import figures_dir
 
 
 # -- trial -------------------------------------------------------------------------------------------------------------
@@ -49,7 +49,8 @@ def format_depth_rows(rows) -> str:
 
 # -- studies on Ray ----------------------------------------------------------------------------------------------------
 def print_main_table(store_root: str, study: str) -> None:
-    from study.analysis.tables import AnalysisError, build_table, format_table
+    from study.analysis.formatting import format_table
+    from study.analysis.tables import AnalysisError, build_table
 
     try:
         print(format_table(build_table(_store(store_root), study, "depth")))
@@ -69,18 +70,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         importlib.import_module("study.analysis.figures")
         os.chdir(tempfile.gettempdir())
     out = run_study(study, address=args.address, storage=root, shared_storage=args.shared_storage,
-                    num_cpus=args.num_cpus, compact_at=args.compact_at)
+                    num_cpus=args.num_cpus, compact_at=args.compact_at, verbose=args.verbose)
     if out.get("interrupted"):
         return 130
     print_main_table(root, study.name)
-    figures = args.figures or ("results/figures" if is_uri(root) else f"{root}/figures")
+    figures = args.figures or figures_dir(root)
     eprint(f"figures: loopstudy plot all --study {study.name} --store {root} --figures {figures}")
     if not args.no_plot:
         from study.analysis.figures import plot
 
         try:
-            files = plot(_store(root), study.name, "all", figures)
-            eprint(f"figures written to {Path(figures).resolve()} ({len(files)} files)")
+            files = plot(_store(root), study.name, "all", figures, only_changed=True)
+            state = "written to" if files.redrawn else "unchanged (the data is the same) in"
+            eprint(f"figures {state} {Path(figures).resolve()} ({len(files)} files)")
         except Exception as e:  # a figure problem must not hide the study's results
             eprint(f"loopstudy: figures not written: {e}")
     return 1 if out["errors"] else 0
@@ -89,7 +91,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_resume(args: argparse.Namespace) -> int:
     from study.launch import resume_study
 
-    out = resume_study(args.study, storage=args.store, address=args.address)
+    out = resume_study(args.study, storage=args.store, address=args.address, verbose=args.verbose)
     from study.paths import resolve_root
 
     root = resolve_root(args.store)
@@ -150,7 +152,8 @@ def _store(root: str):
 
 
 def cmd_table(args: argparse.Namespace) -> int:
-    from study.analysis.tables import build_table, format_table, widen
+    from study.analysis.formatting import format_table, widen
+    from study.analysis.tables import build_table
 
     df = build_table(_store(args.store), args.study, args.kind, paper=args.paper, skip_bad=args.skip_bad,
                      include_stale=args.all)
@@ -163,15 +166,17 @@ def cmd_table(args: argparse.Namespace) -> int:
 def cmd_plot(args: argparse.Namespace) -> int:
     from study.analysis.figures import plot
 
-    files = plot(_store(args.store), args.study, args.kind, args.figures, skip_bad=args.skip_bad,
-                 include_stale=args.all)
+    files = plot(_store(args.store), args.study, args.kind, args.figures or figures_dir(args.store),
+                 skip_bad=args.skip_bad,
+                 include_stale=args.all, paper=args.paper)
     for f in files:
         print(f)
     return 0
 
 
 def cmd_query(args: argparse.Namespace) -> int:
-    from study.analysis.tables import format_table, sql
+    from study.analysis.formatting import format_table
+    from study.analysis.tables import sql
 
     print(format_table(sql(_store(args.store), args.sql, args.study, args.skip_bad), args.format))
     return 0
@@ -193,8 +198,8 @@ def cmd_compact(args: argparse.Namespace) -> int:
 
 
 def cmd_importance(args: argparse.Namespace) -> int:
+    from study.analysis.formatting import format_table
     from study.analysis.importance import importance
-    from study.analysis.tables import format_table
     from study.membership import membership
 
     store = _store(args.store)
@@ -217,7 +222,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    from study.analysis.tables import format_table, list_studies
+    from study.analysis.formatting import format_table
+    from study.analysis.tables import list_studies
 
     df = list_studies(_store(args.store))
     if df.height == 0:

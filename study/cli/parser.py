@@ -63,6 +63,11 @@ def add_study(sp: argparse.ArgumentParser, positional: bool = False, **kw) -> No
     sp.add_argument("--study", type=study_name, metavar="NAME", **kw)
 
 
+def add_verbose(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--verbose", action="store_true", help="show Ray's and Tune's own output too (default: only "
+                    "loopstudy's lines)")
+
+
 def add_format(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--format", default="terminal", choices=FORMATS, help="how the table is printed "
                     "(default: %(default)s)")
@@ -102,6 +107,7 @@ def add_run(sub) -> None:
     r.add_argument("--num-cpus", type=count(1), default=None, help="CPUs for the embedded Ray (default: all)")
     r.add_argument("--figures", default=None, metavar="DIR", help="where figures go (default: <store>/figures)")
     r.add_argument("--no-plot", action="store_true", help="skip the figures")
+    add_verbose(r)
     r.add_argument("--compact-at", type=count(0), default=COMPACT_AT, metavar="N",
                    help="after the run, compact the study when it has N or more per-trial files per table, so "
                         "reading it stays a few files (0: never; default: %(default)s)")
@@ -127,6 +133,7 @@ def add_cluster(sub) -> None:
     add_study(rs, positional=True)
     add_store(rs)
     rs.add_argument("--address", default=None, help="join a running Ray cluster (default: embedded local Ray)")
+    add_verbose(rs)
     rs.set_defaults(func=cmd.cmd_resume)
 
 
@@ -166,8 +173,10 @@ def add_tables(sub, parent: argparse.ArgumentParser) -> None:
     pl_.add_argument("kind", metavar="KIND", help=f"one of: {', '.join(figure_kinds)}")
     add_study(pl_, required=True)
     add_all(pl_)
-    pl_.add_argument("--figures", "--out", dest="figures", default="results/figures", metavar="DIR",
-                     help="output folder (default: %(default)s; --out is the same option)")
+    pl_.add_argument("--figures", "--out", dest="figures", default=None, metavar="DIR",
+                     help="output folder (default: <store>/figures, beside the tables; --out is the same option)")
+    pl_.add_argument("--paper", action="store_true", help="show every published marker, even outside the measured "
+                     "range (default: only inside it)")
     pl_.set_defaults(func=cmd.cmd_plot)
 
     q = sub.add_parser("query", parents=[parent], help="Polars SQL over all tables",
@@ -210,7 +219,8 @@ def add_upkeep(sub, parent: argparse.ArgumentParser) -> None:
                                     "trial's config, in one HTML file made from the stored Parquet alone.")
     add_study(rp, positional=True)
     add_all(rp)
-    rp.add_argument("--out", default=None, metavar="FILE", help="the HTML file (default: STUDY_report.html)")
+    rp.add_argument("--out", default=None, metavar="FILE", help="the HTML file, or a folder for STUDY_report.html "
+                    "(default: beside the study's figures, <store>/figures/STUDY_report.html)")
     rp.set_defaults(func=cmd.cmd_report)
 
     ls = sub.add_parser("ls", parents=[parent], help="studies in the store, with completeness")

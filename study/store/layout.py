@@ -56,6 +56,12 @@ def write_probe(token: str) -> str:
     return f".write-check-{token}"
 
 
+def figures_dir(uri: str) -> str:
+    """Where a study's figures and report go by default: `<root>/figures` beside the tables (for an object store,
+    `results/figures` on this machine: matplotlib writes local files)."""
+    return "results/figures" if "://" in uri else f"{uri.rstrip('/')}/figures"
+
+
 def tune_dir(root: str) -> str:
     """Where Tune keeps experiment state: beside the tables, ignored by readers."""
     return f"{root.rstrip('/')}/_tune"

@@ -1,0 +1,70 @@
+"""The papers' published numbers (study/data/published.csv, each row with its source), and the rule that puts
+them beside measured rows: only of the same task."""
+
+from __future__ import annotations
+
+import io
+from importlib import resources
+
+import polars as pl
+
+
+def published(table: str | None = None) -> pl.DataFrame:
+    """The papers' numbers shipped with the package (study/data/published.csv), each row with its source."""
+    text = resources.files("study.data").joinpath("published.csv").read_text()
+    df = pl.read_csv(io.StringIO(text), schema_overrides={"x": pl.String})
+    return df if table is None else df.filter(pl.col("table") == table)
+
+
+def dt_multiple(x: str) -> float:
+    """A published Deep Thinking reading's depth as a multiple of its training depth: x = "test/train" iterations."""
+    test, train = x.split("/")
+    return int(test) / int(train)
+
+
+# The task each published table was measured on: Deep Thinking's curves by method, every other table on
+# Sudoku-Extreme (the InfiLoop and FPRM papers' ablations). Published rows join measured rows of the same task only.
+DT_TASKS = {"prefix sums": "prefix_sums", "maze": "maze"}
+
+
+def published_for(table: str, task: str | None) -> pl.DataFrame:
+    """The published rows of `table` measured on `task` (none for another task)."""
+    pub = published(table)
+    if table == "overthinking":
+        keep = [m for m in pub["method"].unique().to_list() if any(k in m and t == task for k, t in DT_TASKS.items())]
+        return pub.filter(pl.col("method").is_in(keep))
+    return pub if task == "sudoku" else pub.clear()
+
+
+def study_task(trials: pl.DataFrame) -> str | None:
+    """The study's task, when all its trials share one."""
+    names = trials["task.name"].unique().to_list() if "task.name" in trials.columns else []
+    return names[0] if len(names) == 1 else None
+
+
+def paper_rows(kind: str, paper_table: str | None, measured: pl.DataFrame, task: str | None = "sudoku"
+               ) -> pl.DataFrame:
+    """Published rows of `paper_table` shaped like the measured table of `kind`: setting '<method> [paper]',
+    metric in <metric>_mean; only those measured on the study's task."""
+    if paper_table is None:
+        return measured.clear()
+    pub = published_for(paper_table, task)
+    rows = []
+    for r in pub.iter_rows(named=True):
+        row = {c: None for c in measured.columns}
+        row.update({"setting": f"{r['method']} [paper, {r['x']}]", "source": "paper"})
+        if kind == "depth":
+            row.update({"setting": f"{r['method']} [paper]", "depth_layers": int(r["x"])})
+        if kind == "difficulty" and r["x"].isdigit():
+            row.update({"setting": f"{r['method']} [paper]", "difficulty": int(r["x"])})
+        if kind == "overthinking":  # x is "<test iterations>/<training iterations>"
+            row.update({"setting": f"{r['method']} [paper]", "depth_x": round(dt_multiple(r["x"]), 3)})
+        # published percentages are shown as fractions, like the measured accuracies
+        value = r["value"] / 100 if r["metric"] == "exact_acc" else r["value"]
+        col = f"{r['metric']}_mean"
+        if col in row:
+            row[col] = value
+            rows.append(row)
+    if not rows:
+        return measured.clear()
+    return pl.DataFrame(rows, schema=measured.schema)
