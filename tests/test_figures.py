@@ -16,6 +16,7 @@ def write_study(store, study, settings, *, task="sudoku", difficulties=(8, 9), h
     for i, label in enumerate(settings):
         cfg = to_dict(TrialConfig(label=label))
         cfg["task"]["name"] = task
+        cfg["task"]["size"] = 9  # 9x9 sudoku is Sudoku-Extreme's task: the papers' markers may join
         cfg["model"]["halting"]["enabled"] = halting
         tid = f"t{i:02d}"
         rows = []
@@ -114,3 +115,21 @@ def test_unchanged_data_is_not_redrawn(tmp_path):
     assert again.redrawn is False and {p: p.stat().st_mtime_ns for p in again} == stamps
     write_study(store, "s", ["a", "b", "c"])  # a new trial: redrawn
     assert figures.plot(store, "s", "all", tmp_path / "f", only_changed=True).redrawn is True
+
+
+def test_published_numbers_never_join_a_4x4_sudoku_study(tmp_path):
+    store = Store(tmp_path)
+    write_study(store, "small", ["a", "b"])
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    for tid in ("t00", "t01"):  # the same trials on 4x4 boards
+        cfg = to_dict(TrialConfig(label="a" if tid == "t00" else "b"))
+        store.write("trials", "small", tid, [{**config_row(cfg), "status": "complete", "params": 1,
+                                              "started": now, "ended": now, "wall_s": 1.0, "device": "cpu"}])
+    df = tables.build_table(store, "small", "depth", paper=True)
+    assert (df["source"] == "measured").all()
+    fig = figures.draw(tables.load_context(store, "small"), "depth", figures.Style(paper=True))
+    try:
+        assert not [t for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()
+                    if "[paper" in t.get_text()]
+    finally:
+        plt.close(fig)

@@ -29,7 +29,7 @@ def widen(df: pl.DataFrame, metric: str = "exact_acc") -> pl.DataFrame:
     return out.sort(index, nulls_last=True) if index else out
 
 
-def _cell(v) -> str:
+def _cell(v, column: str = "") -> str:
     """A value as a table shows it: counts and layer numbers whole with thousands separators (24,960), fractions
     to three decimals, tiny values in scientific notation."""
     if v is None:
@@ -37,7 +37,9 @@ def _cell(v) -> str:
     if isinstance(v, float):
         if math.isnan(v):
             return ""
-        if abs(v) >= 1000:
+        if "layers" in column or abs(v) >= 1000:  # layer counts are whole numbers, however they were averaged
+            if abs(v) < 1000 and abs(v - round(v)) >= 0.05:
+                return f"{v:.1f}"
             return f"{v:,.0f}" if abs(v - round(v)) < 0.05 else f"{v:,.1f}"
         return f"{v:.2e}" if 0 < abs(v) < 1e-3 else f"{v:.3f}"
     if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 10_000:
@@ -47,7 +49,7 @@ def _cell(v) -> str:
 
 def format_table(df: pl.DataFrame, fmt: str = "terminal") -> str:
     cols = [c for c in df.columns if df[c].null_count() != df.height]
-    rows = [[_cell(v) for v in r] for r in df.select(cols).iter_rows()]
+    rows = [[_cell(v, c) for v, c in zip(r, cols)] for r in df.select(cols).iter_rows()]
     if fmt == "csv":
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator="\n")

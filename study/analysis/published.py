@@ -33,13 +33,21 @@ def published_for(table: str, task: str | None) -> pl.DataFrame:
     if table == "overthinking":
         keep = [m for m in pub["method"].unique().to_list() if any(k in m and t == task for k, t in DT_TASKS.items())]
         return pub.filter(pl.col("method").is_in(keep))
-    return pub if task == "sudoku" else pub.clear()
+    return pub if task == SUDOKU_EXTREME else pub.clear()
+
+
+SUDOKU_EXTREME = "sudoku 9x9"  # the task of every published table but Deep Thinking's
 
 
 def study_task(trials: pl.DataFrame) -> str | None:
-    """The study's task, when all its trials share one."""
-    names = trials["task.name"].unique().to_list() if "task.name" in trials.columns else []
-    return names[0] if len(names) == 1 else None
+    """The study's task, when all its trials share one: its name, and for sudoku the board ("sudoku 9x9" is what
+    Sudoku-Extreme is; the papers' numbers are not set beside 4x4 boards)."""
+    cols = [c for c in ("task.name", "task.size") if c in trials.columns]
+    keys = trials.select(cols).unique().rows() if cols else []
+    if len(keys) != 1:
+        return None
+    name, *size = keys[0]
+    return f"sudoku {size[0]}x{size[0]}" if name == "sudoku" and size else name
 
 
 def paper_rows(kind: str, paper_table: str | None, measured: pl.DataFrame, task: str | None = "sudoku"

@@ -45,7 +45,7 @@ def html_table(df: pl.DataFrame, table_id: str) -> str:
     body = []
     for row in df.select(cols).iter_rows(named=True):
         cls = ' class="paper"' if row.get("source") == "paper" else ""
-        body.append(f"<tr{cls}>" + "".join(f"<td>{html.escape(_cell(row[c]))}</td>" for c in cols) + "</tr>")
+        body.append(f"<tr{cls}>" + "".join(f"<td>{html.escape(_cell(row[c], c))}</td>" for c in cols) + "</tr>")
     return f'<table id="{table_id}"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 
 

@@ -7,6 +7,7 @@ placement=both"); with paper=True the published rows join as setting "<method> [
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Callable
@@ -172,9 +173,9 @@ def t_halting(ctx: Context) -> pl.DataFrame:
 
 
 def t_difficulty(ctx: Context) -> pl.DataFrame:
-    """Accuracy and effective layers by difficulty (blanks) at the deepest depth."""
+    """Accuracy by difficulty (blanks) at the deepest depth, and the effective layers where trials halt."""
     lf = deepest(ctx.table("depth_eval")).filter(pl.col("difficulty").is_not_null())
-    return aggregate(lf, ["setting", "difficulty"], ["exact_acc", "eff_layers"])
+    return aggregate(lf, ["setting", "difficulty"], ["exact_acc", *(["eff_layers"] if halting_evaluated(ctx) else [])])
 
 
 def t_overthinking(ctx: Context) -> pl.DataFrame:
@@ -285,8 +286,11 @@ def applies(kind: str, ctx: Context) -> str | None:
         return "the study does not sweep model.carry.placement"
     if kind == "beta" and not _varies(ctx, "model.carry.beta_init"):
         return "the study does not sweep model.carry.beta_init"
-    if kind == "scaling" and not _varies(ctx, "model.residual_scaling", "model.a1_init", "model.a2_init"):
-        return "the study does not sweep FPRM's residual scaling (model.residual_scaling, a1_init, a2_init)"
+    scaled = dataclasses.replace(ctx, trials=ctx.trials.filter(pl.col("model.residual_scaling").fill_null(False)))
+    if kind == "scaling" and not _varies(scaled, "model.a1_init", "model.a2_init"):
+        return "the study does not sweep FPRM's tied scaling (model.a1_init / a2_init with residual_scaling on)"
+    if kind == "optuna" and membership(ctx.store, ctx.study).optuna_samples is None:
+        return "not an Optuna search (every trial of a grid study is in the other tables)"
     if kind == "halting" and not halting_evaluated(ctx):
         return "no trial halts at test time (model.halting.enabled / eval.halting)"
     if kind in ("overthinking", "retention") and not reads_past_training(ctx):
