@@ -52,3 +52,32 @@ def test_report_renders_in_headless_chromium_with_its_tables_and_figures(page, t
     assert 0.005 < ink < 0.5, ink
     colours = np.unique((pixels.reshape(-1, 3) * 255).astype(np.uint8), axis=0)
     assert len(colours) > 50  # figures drew in colour, not a blank or error page
+
+
+def test_report_of_a_small_study_shows_only_what_applies_and_goes_beside_its_figures(tmp_path):
+    from study.store import Store
+
+    from .test_figures import write_study
+
+    small = Store(tmp_path / "r")
+    write_study(small, "small", ["trm", "infiloop"])
+    from datetime import UTC, datetime
+
+    from study.config import TrialConfig, to_dict
+    from study.store import config_row
+
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    for tid, label in (("t00", "trm"), ("t01", "infiloop")):  # 4x4 boards: not the papers' task
+        small.write("trials", "small", tid, [{**config_row(to_dict(TrialConfig(label=label))), "status": "complete",
+                                              "params": 1, "started": now, "ended": now, "wall_s": 1.0}])
+    page = report(small, "small")
+    assert page == tmp_path / "r" / "figures" / "small_report.html"  # beside the study's figures
+    text = page.read_text()
+    assert 'id="summary-table"' in text and 'id="headline"' in text and "2 complete" in text
+    assert text.index('id="summary"') < text.index('id="tables"') < text.index('id="figures"')
+    for absent in ('class="paper"', 'id="table-placement"', 'id="table-beta"', 'id="table-scaling"',
+                   'id="table-halting"', 'id="table-optuna"', 'id="figure-eff_layers"', 'id="figure-gamma"',
+                   "1e+04", "[paper"):
+        assert absent not in text, absent
+    assert "figure img { width: 100%" in text and 'href="small_depth.png"' in text
+    assert (page.parent / "small_depth.png").exists()  # the link opens the full-size figure
