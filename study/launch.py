@@ -10,9 +10,11 @@ a dead driver's study (Tuner.restore) and submits studies as Ray Jobs; study.pro
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -21,13 +23,14 @@ from urllib.parse import urlparse
 from study.config import ConfigError, to_dict, trial_id
 from study.console import eprint
 from study.metrics import DEFAULT_METRIC
-from study.paths import resolve_root
+from study.paths import is_uri, resolve_root
 from study.preflight import is_loopback, preflight_study
 from study.spec import Study
 from study.store import Store
 from study.store.layout import spec_file, tune_dir
 from study.trainable import trainable
 
+LOW_DISK_BYTES = 64 << 20  # below this, an EOFError from Tune's state files is the disk being full
 COMPACT_AT = 500  # per-trial files per table at which a finished run compacts its study (loopstudy run --compact-at)
 
 
@@ -178,7 +181,7 @@ def _run_study(study: Study, store: Store, root: str, *, address: str | None, sh
     eprint(f"[{study.name}] {n} trial(s) on Ray ({address or 'embedded'}); results -> {root}")
     t0 = time.perf_counter()
     tuner, progress = build_tuner(study, root, pending, threads)
-    grid = tuner.fit()
+    grid = fit(tuner, root)
     errors = sum(1 for r in grid if r.error is not None)
     record_endings(store, study.name, grid)
     took = f"{time.perf_counter() - t0:.0f}s"
@@ -192,6 +195,17 @@ def _run_study(study: Study, store: Store, root: str, *, address: str | None, sh
            f"{errors} failed")
     maybe_compact(store, study.name, compact_at)
     return {"ran": len(grid), "skipped": skipped, "errors": errors}
+
+
+def fit(tuner, root: str):
+    """tuner.fit(), with Tune's bare EOFError on a full disk (its state files cut short) said as what it is."""
+    try:
+        return tuner.fit()
+    except EOFError:
+        if not is_uri(root) and shutil.disk_usage(Path(root).parent if not Path(root).exists() else root).free \
+                < LOW_DISK_BYTES:
+            raise OSError(errno.ENOSPC, "No space left on device", root) from None
+        raise
 
 
 def record_endings(store: Store, name: str, grid) -> None:
@@ -252,7 +266,7 @@ def resume_study(name: str, *, storage: str, address: str | None = None, verbose
                f"{str(e).splitlines()[0][:200] if str(e) else ''}): running the saved spec (complete trials skipped)")
         return run_study(study, address=address, storage=root, verbose=verbose)
     with store.lease(name):
-        grid = tuner.fit()
+        grid = fit(tuner, root)
     errors = sum(1 for r in grid if r.error is not None)
     record_endings(store, name, grid)
     missing = [c for c in study.trials if trial_id(c) not in store.completed_trials(name)]

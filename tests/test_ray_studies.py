@@ -157,8 +157,8 @@ def test_stopping_a_local_cluster_leaves_other_rays_on_the_machine_running(ray_c
     assert all(lc.alive(p) for p in ours)  # the test cluster (another "user") is untouched
 
 
-def test_resume_after_the_driver_died_before_tune_saved_any_trial(ray_cluster, tmp_path):
-    """Tune's saved state keeps no param space: resume must hand it again, or the trials it generates are empty."""
+def kill_driver_once_tune_saved_state(ray_cluster, tmp_path):
+    """Run tests/specs/tiny.yaml and SIGKILL its driver the moment Tune has written tuner.pkl."""
     driver = subprocess.Popen([sys.executable, "-m", "study.cli", "run", "tests/specs/tiny.yaml", "--address",
                                ray_cluster["address"], "--store", str(tmp_path), "--no-plot"],
                               cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -168,6 +168,11 @@ def test_resume_after_the_driver_died_before_tune_saved_any_trial(ray_cluster, t
         time.sleep(0.05)
     os.killpg(driver.pid, signal.SIGKILL)
     driver.wait()
+
+
+def test_resume_after_the_driver_died_before_tune_saved_any_trial(ray_cluster, tmp_path):
+    """Tune's saved state keeps no param space: resume must hand it again, or the trials it generates are empty."""
+    kill_driver_once_tune_saved_state(ray_cluster, tmp_path)
     proc = loopstudy("resume", "--study", "tiny", "--store", str(tmp_path), "--address", ray_cluster["address"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "KeyError" not in proc.stderr
@@ -175,15 +180,7 @@ def test_resume_after_the_driver_died_before_tune_saved_any_trial(ray_cluster, t
 
 
 def test_resume_with_a_damaged_tune_state_runs_the_saved_spec(ray_cluster, tmp_path):
-    driver = subprocess.Popen([sys.executable, "-m", "study.cli", "run", "tests/specs/tiny.yaml", "--address",
-                               ray_cluster["address"], "--store", str(tmp_path), "--no-plot"],
-                              cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + 300
-    while not (tmp_path / "_tune" / "tiny" / "tuner.pkl").exists():
-        assert driver.poll() is None and time.time() < deadline
-        time.sleep(0.05)
-    os.killpg(driver.pid, signal.SIGKILL)  # its lease is left behind: resume on this machine takes it over
-    driver.wait()
+    kill_driver_once_tune_saved_state(ray_cluster, tmp_path)  # its lease stays: resume here takes it over
     (tmp_path / "_tune" / "tiny" / "tuner.pkl").write_bytes(b"\x80\x04 damaged")
     proc = loopstudy("resume", "tiny", "--store", str(tmp_path), "--address", ray_cluster["address"])
     assert proc.returncode == 0, proc.stderr[-3000:]
