@@ -202,8 +202,7 @@ def fit(tuner, root: str):
     try:
         return tuner.fit()
     except EOFError:
-        if not is_uri(root) and shutil.disk_usage(Path(root).parent if not Path(root).exists() else root).free \
-                < LOW_DISK_BYTES:
+        if not is_uri(root) and shutil.disk_usage(root).free < LOW_DISK_BYTES:
             raise OSError(errno.ENOSPC, "No space left on device", root) from None
         raise
 
@@ -215,9 +214,11 @@ def record_endings(store: Store, name: str, grid) -> None:
     from study.store import now_utc
 
     for result in grid:
-        tid = (result.metrics or {}).get("trial")
-        status = "failed" if result.error is not None else None if (result.metrics or {}).get("final") else "stopped"
-        if tid is None or status is None:
+        metrics = result.metrics or {}
+        if metrics.get("final") and result.error is None:
+            continue  # it said how it ended itself: `complete`
+        tid, status = metrics.get("trial"), "failed" if result.error is not None else "stopped"
+        if tid is None:
             continue
         row = store.trial_row(name, tid)
         if row is not None and row.get("status") == "running":

@@ -55,11 +55,18 @@ def trial_states(store: Store, study: str) -> tuple[dict[str, str], dict[str, st
     row_status = dict(zip(rows["trial_id"], rows["status"]))
     hashes = dict(zip(rows["trial_id"], rows["spec_hash"]))
     started |= set(row_status)
-    states = {}
-    for t in started:
-        s = "complete" if t in complete else row_status.get(t) or "running"
-        states[t] = "pending" if s == "complete" and t not in complete else s  # a table is missing: runs again
-    return states, hashes
+    def state(t: str) -> str:
+        if t in complete:
+            return "complete"
+        row = row_status.get(t)
+        return "pending" if row == "complete" else row or "running"  # complete row, a table missing: runs again
+
+    return {t: state(t) for t in started}, hashes
+
+
+def by_version(states: dict[str, str], hashes: dict[str, str | None], current: str) -> dict[str, str]:
+    """Members by spec version: trials run under `current` (or before spec_hash existed); the rest are stale."""
+    return {t: s if hashes.get(t) in (None, current) else "stale" for t, s in states.items()}
 
 
 def membership(store: Store, study: str) -> Membership:
@@ -74,14 +81,12 @@ def membership(store: Store, study: str) -> Membership:
     try:
         saved = load_saved_study(store, study)
     except ConfigError as e:  # e.g. a data file the spec names is not on this machine: go by the spec's version
-        current = saved_spec(store, study).spec_hash
         out.note = f"trials matched by spec version, not by resolved config ({e})"
-        out.status = {t: s if hashes.get(t) in (None, current) else "stale" for t, s in states.items()}
+        out.status = by_version(states, hashes, saved_spec(store, study).spec_hash)
         return out
     if saved.is_optuna:
         out.optuna_samples = saved.spec.sweep.optuna.num_samples
-        current = saved.spec_hash
-        out.status = {t: s if hashes.get(t) in (None, current) else "stale" for t, s in states.items()}
+        out.status = by_version(states, hashes, saved.spec_hash)
         return out
     expected = {trial_id(c) for c in saved.trials}
     out.status = {t: (s if t in expected else "stale") for t, s in states.items()}

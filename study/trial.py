@@ -43,7 +43,7 @@ class TrialRecorder:
 
     def __init__(self, store: Store | None, study_name: str, cfg: TrialConfig, model, *, node: str | None,
                  spec_hash: str | None):
-        self.store, self.study_name, self.cfg, self.tid = store, study_name, cfg, trial_id(cfg)
+        self.store, self.study_name, self.tid = store, study_name, trial_id(cfg)
         self.started, self.t0 = now_utc(), time.perf_counter()
         self.fixed = {**config_row(to_dict(cfg)), "params": sum(p.numel() for p in model.parameters()),
                       "started": self.started, "device": device_name(cfg.train.device),

@@ -19,7 +19,6 @@ import polars as pl
 from study.analysis.figures import plot
 from study.analysis.formatting import _cell
 from study.analysis.tables import TABLES, AnalysisError, build_table, config_columns, load_context
-from study.membership import membership
 from study.metrics import METRICS
 from study.store import Store
 from study.store.layout import figures_dir, spec_file
@@ -51,7 +50,7 @@ def html_table(df: pl.DataFrame, table_id: str) -> str:
 
 def summary_section(store: Store, study: str, ctx, headline: str) -> str:
     """What the study swept, how many of its trials are in which state, and its headline table."""
-    counts = membership(store, study).counts()
+    counts = ctx.members.counts()
     swept = [(c, sorted(map(_cell, ctx.trials[c].unique().to_list()))) for c in ctx.axes] or [("(nothing)", [])]
     rows = [("swept", "; ".join(f"{c}: {', '.join(v)}" if v else c for c, v in swept)),
             ("trials", ", ".join(f"{n} {k}" for k, n in counts.items() if n) or "none"),

@@ -19,7 +19,7 @@ from study.analysis import AnalysisError
 from study.analysis.published import paper_rows, study_task
 from study.config import NON_IDENTITY, layers_per_step
 from study.console import eprint
-from study.membership import KINDS, membership
+from study.membership import KINDS, Membership, membership
 from study.metrics import METRICS
 from study.store import TABLES as STORE_TABLES
 from study.store import Store, StoreError
@@ -99,6 +99,7 @@ class Context:
     axes: list[str]
     skip_bad: bool = False
     include_stale: bool = False
+    members: Membership | None = None  # the study's trials by kind, read once per context
 
     @property
     def value_axes(self) -> list[str]:
@@ -117,7 +118,8 @@ def load_context(store: Store, study: str, skip_bad: bool = False, include_stale
     if study not in studies:
         raise AnalysisError(f"no study {study!r} in {store.uri}; studies there: {', '.join(studies) or 'none'}")
     df = store.scan("trials", study, skip_bad).filter(pl.col("status") == "complete").collect()
-    stale = membership(store, study).stale
+    members = membership(store, study)
+    stale = members.stale
     n_stale = df.filter(pl.col("trial_id").is_in(sorted(stale))).height
     if n_stale and not include_stale:
         df = df.filter(~pl.col("trial_id").is_in(sorted(stale)))
@@ -127,7 +129,7 @@ def load_context(store: Store, study: str, skip_bad: bool = False, include_stale
         raise AnalysisError(f"study {study!r} has no completed trials yet in {store.uri} "
                             "(run `loopstudy status` to see what is pending)")
     axes = varying_columns(df)
-    return Context(store, study, with_setting(df, axes), axes, skip_bad, include_stale)
+    return Context(store, study, with_setting(df, axes), axes, skip_bad, include_stale, members)
 
 
 def overall(lf: pl.LazyFrame) -> pl.LazyFrame:
@@ -215,7 +217,7 @@ def t_perturbation(ctx: Context) -> pl.DataFrame:
 def t_optuna(ctx: Context) -> pl.DataFrame:
     """One row per trial of the study, complete or not (a search's history: trials ASHA stopped keep the step they
     reached and their last objective), complete ones first, best first; stale trials only with include_stale."""
-    states = membership(ctx.store, ctx.study).status
+    states = ctx.members.status
     keep = sorted(t for t, s in states.items() if s != "pending" and (s != "stale" or ctx.include_stale))
     df = ctx.store.scan("trials", ctx.study, ctx.skip_bad).filter(pl.col("trial_id").is_in(keep)).collect()
     knobs = [c for c in varying_columns(df) if c != "label"]
@@ -289,7 +291,7 @@ def applies(kind: str, ctx: Context) -> str | None:
     scaled = dataclasses.replace(ctx, trials=ctx.trials.filter(pl.col("model.residual_scaling").fill_null(False)))
     if kind == "scaling" and not _varies(scaled, "model.a1_init", "model.a2_init"):
         return "the study does not sweep FPRM's tied scaling (model.a1_init / a2_init with residual_scaling on)"
-    if kind == "optuna" and membership(ctx.store, ctx.study).optuna_samples is None:
+    if kind == "optuna" and ctx.members.optuna_samples is None:
         return "not an Optuna search (every trial of a grid study is in the other tables)"
     if kind == "halting" and not halting_evaluated(ctx):
         return "no trial halts at test time (model.halting.enabled / eval.halting)"

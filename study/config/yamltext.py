@@ -79,12 +79,12 @@ def expanded_size(node: yaml.Node, memo: dict[int, int] | None = None) -> int:
 
 def parse(text: str, source: str) -> Any:
     """YAML text -> Python data, within the limits above; ConfigError naming `source` otherwise."""
-    if len(text.encode("utf-8", "surrogateescape")) > MAX_BYTES:
-        raise ConfigError(f"{source}: {len(text):,} characters; a spec or config is at most {MAX_BYTES:,} bytes")
     try:
-        text.encode("utf-8")
+        size = len(text.encode("utf-8"))
     except UnicodeEncodeError:
         raise ConfigError(f"{source}: not UTF-8 text") from None
+    if size > MAX_BYTES:
+        raise ConfigError(f"{source}: {size:,} bytes; a spec or config is at most {MAX_BYTES:,} bytes")
     try:
         loader = _BoundedLoader(text)
         try:
