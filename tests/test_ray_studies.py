@@ -188,33 +188,43 @@ def test_resume_with_a_damaged_tune_state_runs_the_saved_spec(ray_cluster, tmp_p
     assert_rows_once(tmp_path, "tiny", 4)
 
 
-def node_processes(resource_name: str) -> list[int]:
-    """PIDs of the raylet that carries `resource_name` and of the workers attached to it."""
-    out = subprocess.run(["ps", "-ww", "-eo", "pid=,args="], capture_output=True, text=True).stdout
-    raylet_pid, socket = None, None
+def node_processes(resource_name: str) -> dict[int, str]:
+    """{pid: command line} of the raylet that carries `resource_name` and of its descendants (its workers, whose
+    titles, once they run a task, name neither the raylet nor its socket)."""
+    out = subprocess.run(["ps", "-ww", "-eo", "pid=,ppid=,args="], capture_output=True, text=True).stdout
+    procs = {}
     for line in out.splitlines():
-        pid, _, args = line.strip().partition(" ")
+        pid, ppid, *args = line.split(None, 2)
+        procs[int(pid)] = (int(ppid), args[0] if args else "")
+    raylet = None
+    for pid, (_, args) in procs.items():
         resources = next((a.split("=", 1)[1].split(",") for a in args.split()
                           if a.startswith("--static_resource_list=")), [])
         if "/raylet " in args and resource_name in resources[::2]:
-            raylet_pid = int(pid)
-            socket = next(a.split("=", 1)[1] for a in args.split() if a.startswith("--raylet_socket_name="))
-    assert raylet_pid is not None, f"no raylet with resource {resource_name}"
-    pids = [raylet_pid]
-    for line in out.splitlines():
-        pid, _, args = line.strip().partition(" ")
-        if socket and f"={socket} " in args + " " and int(pid) != raylet_pid:
-            pids.append(int(pid))
-    return pids
+            raylet = pid
+    assert raylet is not None, f"no raylet with resource {resource_name}"
+    ours = {raylet}
+    while grown := {pid for pid, (ppid, _) in procs.items() if ppid in ours} - ours:
+        ours |= grown
+    return {pid: procs[pid][1] for pid in ours}
+
+
+def training_on(resource_name: str) -> bool:
+    """Whether a Tune trial is executing on the node that carries `resource_name` (its actor's process title)."""
+    return any(args.startswith("ray::ImplicitFunc.train") for args in node_processes(resource_name).values())
 
 
 def test_worker_node_killed_mid_study_every_trial_still_completes_once(ray_cluster, tmp_path):
-    # --compact-at 2: the finished run also compacts the study, and every row is still there exactly once
+    # --compact-at 2: the finished run also compacts the study, and every row is still there exactly once.
+    # 400 steps: a trial trains for seconds, so the kill lands mid-training (a fast machine once finished all four
+    # 80-step trials between the first checkpoint and the kill, and nothing was retried).
     driver = subprocess.Popen([sys.executable, "-m", "study.cli", "run", "tests/specs/tiny.yaml", "--address",
-                               ray_cluster["address"], "--store", str(tmp_path), "--no-plot", "--compact-at", "2"],
+                               ray_cluster["address"], "--store", str(tmp_path), "--no-plot", "--compact-at", "2",
+                               "train.steps=400"],
                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
-    while not list((tmp_path / "_tune").rglob("checkpoint_*")):  # trials are mid-training on both workers
+    # a trial is training on w1 and has checkpointed (so the retry resumes from a checkpoint)
+    while not (list((tmp_path / "_tune").rglob("checkpoint_*")) and training_on("w1")):
         assert driver.poll() is None, driver.communicate()[1][-3000:]
         assert time.time() < deadline
         time.sleep(0.2)
