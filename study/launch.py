@@ -23,6 +23,7 @@ from urllib.parse import urlparse
 from study.config import ConfigError, to_dict, trial_id
 from study.console import eprint
 from study.metrics import DEFAULT_METRIC
+from study.optuna_storage import OptunaStudy, prepare
 from study.paths import is_uri, resolve_root
 from study.preflight import is_loopback, preflight_study
 from study.spec import Study
@@ -98,19 +99,19 @@ def param_space(study: Study, root: str, pending: list, threads: int) -> dict[st
     return {**common, "trial": tune.grid_search([json.dumps(to_dict(c)) for c in pending])}
 
 
-def build_tuner(study: Study, root: str, pending: list, threads: int):
-    """The Tuner for the pending trials (grid) or the Optuna search, and its progress callback."""
+def build_tuner(study: Study, root: str, pending: list, threads: int, search: OptunaStudy | None = None):
+    """The Tuner for the pending trials (grid) or the rest of the Optuna search, and its progress callback."""
     from ray import tune
     from ray.tune.logger import JsonLoggerCallback
 
     spec, sweep = study.spec, study.spec.sweep
     mode = sweep.optuna.mode if sweep.optuna else "max"
     search_alg, num_samples, scheduler = None, 1, None
-    if sweep.optuna is not None:
-        from study.search import StoppedIsPruned
+    if search is not None:
+        from study.search import searcher
 
-        search_alg = StoppedIsPruned(seed=sweep.seeds[0])
-        num_samples = sweep.optuna.num_samples
+        search_alg = searcher(search, sweep.seeds[0])
+        num_samples = sweep.optuna.num_samples - search.finished
     if sweep.asha is not None:
         from ray.tune.schedulers import ASHAScheduler
 
@@ -165,11 +166,19 @@ def _run_study(study: Study, store: Store, root: str, *, address: str | None, sh
     done = store.completed_trials(study.name)
     pending = [c for c in study.trials if trial_id(c) not in done]
     skipped = len(study.trials) - len(pending)
+    search = optuna_study(study, root) if study.is_optuna else None
     if skipped:
         eprint(f"[{study.name}] {skipped} trial(s) already complete in {root}: not run again")
-    if not study.is_optuna and not pending:  # said without starting Ray
+    if search is not None and search.finished:
+        skipped = search.finished
+        eprint(f"[{study.name}] {search.finished} of {study.spec.sweep.optuna.num_samples} sample(s) already "
+               f"finished in Optuna study {search.name!r} ({search.location}): not run again")
+    left = study.spec.sweep.optuna.num_samples - search.finished if search else len(pending)
+    if left <= 0:  # said without starting Ray
         save_spec(store, study)
-        eprint(f"[{study.name}] nothing to run: all {len(study.trials)} trial(s) are complete")
+        what = f"{skipped} sample(s) of the search are finished" if search else \
+            f"all {len(study.trials)} trial(s) are complete"
+        eprint(f"[{study.name}] nothing to run: {what}")
         return {"ran": 0, "skipped": skipped, "errors": 0}
     init_ray(address, num_cpus, verbose)
     import ray
@@ -177,10 +186,13 @@ def _run_study(study: Study, store: Store, root: str, *, address: str | None, sh
     preflight_study(study, store, cluster=ray.cluster_resources(), nodes=cluster_nodes(), shared=shared_storage)
     save_spec(store, study)
     threads = max(1, int(study.spec.resources.cpu))
-    n = study.spec.sweep.optuna.num_samples if study.is_optuna else len(pending)
+    n = left
     eprint(f"[{study.name}] {n} trial(s) on Ray ({address or 'embedded'}); results -> {root}")
+    if search is not None:
+        eprint(f"[{study.name}] Optuna study {search.name!r} in {search.location} (optuna-dashboard "
+               f"{search.location})")
     t0 = time.perf_counter()
-    tuner, progress = build_tuner(study, root, pending, threads)
+    tuner, progress = build_tuner(study, root, pending, threads, search)
     grid = fit(tuner, root)
     errors = sum(1 for r in grid if r.error is not None)
     record_endings(store, study.name, grid)
@@ -195,6 +207,11 @@ def _run_study(study: Study, store: Store, root: str, *, address: str | None, sh
            f"{errors} failed")
     maybe_compact(store, study.name, compact_at)
     return {"ran": len(grid), "skipped": skipped, "errors": errors}
+
+
+def optuna_study(study: Study, root: str) -> OptunaStudy:
+    """The search's Optuna study (created if new) and how many samples it has finished (study/optuna_storage.py)."""
+    return prepare(study.optuna_storage(root), study.name, study.spec_hash, study.spec.sweep.optuna.mode)
 
 
 def fit(tuner, root: str):

@@ -1,14 +1,24 @@
-"""Ray Tune's OptunaSearch, told the truth about early-stopped trials: a trial that the scheduler (ASHA) ended
-before its final report is PRUNED in the Optuna study, with its last reported value, not COMPLETE with a training
-accuracy passed off as the study's metric."""
+"""Ray Tune's OptunaSearch over the study's Optuna storage (study/optuna_storage.py), told the truth about
+early-stopped trials: a trial that the scheduler (ASHA) ended before its final report is PRUNED in the Optuna
+study, with its last reported value, not COMPLETE with a training accuracy passed off as the study's metric."""
 
 from __future__ import annotations
 
 from ray.tune.search.optuna import OptunaSearch
 
+from study.optuna_storage import OptunaStudy, open_storage
+
 
 class StoppedIsPruned(OptunaSearch):
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        ot_trial = self._ot_trials.get(trial_id)
+        if result is not None and result.get("trial") and ot_trial is not None:  # the row it left in the store
+            ot_trial.set_user_attr("loopstudy_trial_id", result["trial"])
         if result is not None and not error and not result.get("final"):
             result = None  # OptunaSearch tells a trial without a value as PRUNED
         super().on_trial_complete(trial_id, result, error)
+
+
+def searcher(ot: OptunaStudy, seed: int) -> StoppedIsPruned:
+    """Tune's searcher over the search's Optuna study (Tune pickles it, storage and all, for resume)."""
+    return StoppedIsPruned(seed=seed, storage=open_storage(ot.location), study_name=ot.name)

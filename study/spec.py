@@ -43,6 +43,8 @@ from study.config import (
 )
 from study.config.reads import unread, unread_fields
 from study.metrics import DEFAULT_METRIC, SearchMetric
+from study.optuna_storage import check_location, storage_location
+from study.paths import is_uri
 from study.store.layout import spec_file
 
 
@@ -71,6 +73,7 @@ class OptunaSpec(Strict):
     mode: Literal["max", "min"] = "max"
     num_samples: int = 8
     space: dict[str, OptunaParam]
+    storage: str | None = None  # the Optuna study's storage: a journal file or an RDB URL (study/optuna_storage.py)
 
     @field_validator("num_samples")
     @classmethod
@@ -213,9 +216,14 @@ class Study:
         under the current version (study.membership)."""
         sweep = self.spec.sweep.model_dump(exclude={"max_concurrent", "max_failures"})
         if sweep.get("optuna"):
-            sweep["optuna"].pop("num_samples", None)
+            for where_and_how_many in ("num_samples", "storage"):
+                sweep["optuna"].pop(where_and_how_many, None)
         text = json.dumps({**self.spec.base(), "sweep": sweep}, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+    def optuna_storage(self, root: str) -> str:
+        """Where this search's Optuna study lives under the results root `root` (study/optuna_storage.py)."""
+        return storage_location(self.spec.sweep.optuna.storage, root, self.name)
 
 
 def _with(base: dict[str, Any], overrides: dict[str, Any], source: str = "<spec>") -> dict[str, Any]:
@@ -253,6 +261,9 @@ def resolve_spec_paths(data: dict[str, Any], base: Path) -> None:
     sweep = data.get("sweep")
     if not isinstance(sweep, dict):
         return
+    optuna = sweep.get("optuna")
+    if isinstance(optuna, dict) and isinstance(optuna.get("storage"), str) and not is_uri(optuna["storage"]):
+        optuna["storage"] = str(base / Path(optuna["storage"]).expanduser())  # a journal file beside the spec
     keys = {f"{section}.{name}" for section, name in DATA_FILES}
     grid = sweep.get("grid")
     if isinstance(grid, dict):
@@ -322,6 +333,8 @@ def study_from_data(data: dict[str, Any], source: str) -> Study:
                 param.check(key)
             except ValueError as e:
                 raise ConfigError(f"{source}: {e}") from None
+        if sweep.optuna.storage is not None:
+            check_location(sweep.optuna.storage, source)
     study = Study(spec, source, data)
     base = spec.base()
     if sweep.optuna is not None:

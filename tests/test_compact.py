@@ -58,8 +58,8 @@ def test_a_trial_rerun_after_compaction_has_its_rows_exactly_once(tmp_path):
     study_of(store, 4)
     store.compact("s", grace_s=0)
     rerun = [{**SAMPLES["depth_eval"][0], "exact_acc": 0.75}]
-    store.write("depth_eval", "s", "t002", rerun)  # the re-run writes its own files again, trials last
-    store.write("trials", "s", "t002", SAMPLES["trials"])
+    for table in [*TABLES[1:], "trials"]:  # the re-run writes its own files again, trials last
+        store.write(table, "s", "t002", rerun if table == "depth_eval" else SAMPLES[table])
     depth = store.scan("depth_eval", "s").collect()
     assert depth.filter(pl.col("trial_id") == "t002")["exact_acc"].to_list() == [0.75]
     assert depth.height == 3 * 2 + 1

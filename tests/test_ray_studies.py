@@ -7,12 +7,19 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+from collections import Counter
+from pathlib import Path
+from urllib.request import urlopen
 
+import optuna
 import polars as pl
 import pytest
+from optuna.storages import JournalStorage
+from optuna.storages.journal import JournalFileBackend
 
 from study.store import Store
 
@@ -278,3 +285,54 @@ def test_optuna_search_with_asha_keeps_every_sample_and_every_command_agrees(ray
     assert len(rows) == 6 and sum(",stopped," in r for r in rows) == n_stopped
     imp = loopstudy("importance", "optuna_hpo", "--store", str(tmp_path))
     assert f"optuna_hpo: {n_done} complete trial(s) ({n_stopped} stopped: left out)" in imp.stderr, imp.stderr
+
+    # the search lives in a real Optuna storage (a journal file in the results root), named after the study
+    journal = tmp_path / "_optuna" / "optuna_hpo.journal"
+    assert f"Optuna study 'optuna_hpo' in {journal}" in proc.stderr
+    ot = optuna.load_study(study_name="optuna_hpo", storage=JournalStorage(JournalFileBackend(str(journal))))
+    states = Counter(t.state.name for t in ot.trials)
+    assert states == {"COMPLETE": n_done, "PRUNED": n_stopped}, states
+    by_id = dict(trials.select("trial_id", "final_exact_acc").iter_rows())
+    for t in ot.trials:
+        if t.state.name == "COMPLETE":  # the value Optuna holds is the trial's stored metric
+            assert t.value == pytest.approx(by_id[t.user_attrs["loopstudy_trial_id"]])
+    # optuna-dashboard opens it: its HTTP API lists the study and its 6 trials
+    with optuna_dashboard(journal) as url:
+        studies = json.loads(urlopen(f"{url}/api/studies", timeout=10).read())["study_summaries"]
+        sid = next(s["study_id"] for s in studies if s["study_name"] == "optuna_hpo")
+        shown = json.loads(urlopen(f"{url}/api/studies/{sid}", timeout=10).read())["trials"]
+        assert sorted(t["state"] for t in shown) == sorted(["Complete"] * n_done + ["Pruned"] * n_stopped)
+    # running the same spec again continues the search: nothing to do (said without Ray), then one more sample
+    again = loopstudy("run", "search_spaces/optuna_hpo.yaml", *overrides, "--store", str(tmp_path), "--no-plot")
+    assert again.returncode == 0 and "nothing to run: 6 sample(s) of the search are finished" in again.stderr
+    assert "Started a local Ray" not in again.stderr
+    seven = [o.replace("num_samples=6", "num_samples=7") for o in overrides]
+    more = loopstudy("run", "search_spaces/optuna_hpo.yaml", *seven, "--address", ray_cluster["address"], "--store",
+                     str(tmp_path), "--no-plot")
+    assert more.returncode == 0 and "1 trial(s) on Ray" in more.stderr, more.stderr[-3000:]
+    assert len(optuna.load_study(study_name="optuna_hpo",
+                                 storage=JournalStorage(JournalFileBackend(str(journal)))).trials) == 7
+
+
+@contextlib.contextmanager
+def optuna_dashboard(storage):
+    """optuna-dashboard on 127.0.0.1 (a free port) over `storage`, stopped on leaving."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "optuna-dashboard"), str(storage), "--host",
+                             "127.0.0.1", "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                urlopen(f"{url}/api/studies", timeout=2)
+                break
+            except OSError:
+                assert proc.poll() is None and time.time() < deadline, proc.stderr.read()[-2000:]
+                time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

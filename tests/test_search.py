@@ -1,10 +1,16 @@
-"""The Optuna searcher hears the truth about trials the scheduler stopped early."""
+"""Optuna searches: the searcher hears the truth about trials the scheduler stopped early; the Optuna study lives
+in a real Optuna storage, one per spec version, and a new driver continues it."""
 
 import optuna
 import pytest
 from ray import tune
 
+from study.config import ConfigError
+from study.optuna_storage import check_location, prepare, storage_location
 from study.search import StoppedIsPruned
+from study.spec import load_study
+
+from .conftest import REPO
 
 
 @pytest.mark.parametrize("result,state", [
@@ -20,3 +26,54 @@ def test_a_stopped_trial_is_pruned_and_a_finished_one_complete(result, state):
     assert trial.state == state
     if state == optuna.trial.TrialState.COMPLETE:
         assert trial.value == 0.9
+
+
+def journal(path):
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    return JournalStorage(JournalFileBackend(str(path)))
+
+
+def test_the_search_lives_in_a_journal_in_the_results_root_and_is_continued(tmp_path):
+    loc = storage_location(None, str(tmp_path), "hpo")
+    assert loc == str(tmp_path / "_optuna" / "hpo.journal")
+    first = prepare(loc, "hpo", "v1", "max")
+    assert (first.name, first.finished) == ("hpo", 0)
+    ot = optuna.load_study(study_name="hpo", storage=journal(loc))
+    done, orphan = ot.ask(), ot.ask()
+    ot.tell(done, 0.5)  # `orphan` stays RUNNING: its driver died
+    again = prepare(loc, "hpo", "v1", "max")
+    assert (again.name, again.finished) == ("hpo", 2)  # the orphan is marked FAIL: it finished, without a value
+    states = {t.number: t.state for t in optuna.load_study(study_name="hpo", storage=journal(loc)).trials}
+    assert states == {done.number: optuna.trial.TrialState.COMPLETE, orphan.number: optuna.trial.TrialState.FAIL}
+
+
+def test_an_edited_spec_gets_its_own_optuna_study(tmp_path):
+    loc = storage_location(None, str(tmp_path), "hpo")
+    prepare(loc, "hpo", "v1", "max")
+    edited = prepare(loc, "hpo", "v2", "max")
+    assert edited.name == "hpo.v2" and edited.finished == 0
+    assert {s.study_name for s in optuna.get_all_study_summaries(journal(loc))} == {"hpo", "hpo.v2"}
+
+
+def test_an_object_store_root_keeps_its_journal_on_this_machine(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOOPSTUDY_CACHE", str(tmp_path))
+    assert storage_location(None, "s3://bucket/ls", "hpo") == str(tmp_path / "optuna" / "hpo.journal")
+    assert storage_location("sqlite:///x.db", "s3://bucket/ls", "hpo") == "sqlite:///x.db"
+
+
+@pytest.mark.parametrize("location,needle", [("redis://h/0", "an RDB URL"), (".", "is a folder")])
+def test_a_storage_optuna_cannot_open_is_refused(location, needle):
+    with pytest.raises(ConfigError, match=needle):
+        check_location(location, "spec.yaml")
+
+
+def test_the_storage_is_read_against_the_spec_folder_and_is_not_part_of_the_version(tmp_path):
+    spec = (REPO / "search_spaces" / "optuna_hpo.yaml").read_text()
+    (tmp_path / "hpo.yaml").write_text(spec)
+    plain = load_study(tmp_path / "hpo.yaml")
+    placed = load_study(tmp_path / "hpo.yaml", ["sweep.optuna.storage=searches/hpo.journal"])
+    assert placed.optuna_storage("/elsewhere") == str(tmp_path / "searches" / "hpo.journal")
+    assert plain.optuna_storage("/elsewhere") == "/elsewhere/_optuna/optuna_hpo.journal"
+    assert placed.spec_hash == plain.spec_hash  # where the search is kept does not change what it runs

@@ -189,7 +189,7 @@ def cmd_compact(args: argparse.Namespace) -> int:
         return 2
 
     def on_table(table: str, files: int, rows: int) -> None:
-        eprint(f"  {table:<13} {files:>7,} trial files merged -> {rows:,} rows in _compacted.parquet")
+        eprint(f"  {table:<13} {files:>7,} trial files merged -> {rows:,} rows in study.compacted.parquet")
 
     out = store.compact(args.study, on_table, grace_s=args.grace)
     eprint(f"{args.study}: {out['trials']:,} complete trials compacted; {out['files_removed']:,} per-trial files "

@@ -191,10 +191,10 @@ def add_tables(sub, parent: argparse.ArgumentParser) -> None:
 def add_upkeep(sub, parent: argparse.ArgumentParser) -> None:
     """compact, importance, report and ls: keeping and summarising a store."""
     cp = sub.add_parser("compact", parents=[parent], help="merge a study's per-trial files, one file per table",
-                        description="Merge the complete trials of STUDY into one _compacted.parquet per table, "
+                        description="Merge the complete trials of STUDY into one study.compacted.parquet per table, "
                                     "atomically, then remove their per-trial files: reading a study of thousands of "
                                     "trials becomes reading five files. Reads stay correct during and after; a trial "
-                                    "that runs again later writes its own files, which take precedence. Best run "
+                                    "that runs again later first takes its rows out of them. Best run "
                                     "when the study is not running.")
     add_study(cp, positional=True)
     cp.add_argument("--grace", type=seconds, default=5.0, metavar="S",

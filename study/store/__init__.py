@@ -6,7 +6,8 @@ may be read), `listing` (which files belong to a study), `read`, `completeness` 
 
 The contract, stated once:
 - Layout: `<root>/<table>/study=<name>/<trial_id>.parquet`, one file per trial per table, plus a study's
-  `_compacted.parquet` per table; `_`-folders hold the saved spec, compaction markers and Tune's state (layout.py).
+  `study.compacted.parquet` per table; `_`-folders hold the saved spec, compaction markers and Tune's state
+  (layout.py).
 - Atomicity: every file is written whole under a temporary dot-name and renamed into place (one PUT on an object
   store): a reader sees the old file or the new one. A retried trial replaces its own files.
 - Complete: a trial is complete when it has a `trials` file (written last, only on success) and a sound file
@@ -14,8 +15,12 @@ The contract, stated once:
   runs again.
 - Reads: only files that follow the layout count; strays are named on stderr and left out, corrupt or wrong-typed
   files are an error (or, with skip_bad, named and left out). A trial's own file takes precedence over its
-  compacted rows, so a trial re-run after compaction counts once. Files under an older schema load with nulls in
-  the newer columns.
+  compacted rows (a trial read mid-compaction counts once), and a trial that runs again after compaction first
+  takes its rows out of the compacted files. Files under an older schema load with nulls in the newer columns.
+- Outside readers: at rest (no write or compaction in flight) a table is exactly the Parquet files under
+  `<root>/<table>/`, Hive-partitioned by `study`, no file name starting with `_` or `.`: DuckDB
+  (`read_parquet('<root>/<table>/**/*.parquet', hive_partitioning=true)`), pyarrow.dataset, pandas and Polars
+  read the same rows as loopstudy (stray files that loopstudy names and leaves out aside).
 - Concurrency: trials write only their own files, so any number of writers on any number of nodes never collide;
   compaction writes its files before it removes any and leaves a marker naming what it removes, so reads are right
   before, during and after it. One driver runs a study at a time (a renewed lease, `_leases/<name>.json`).
@@ -59,6 +64,7 @@ class Store:
 
     def __init__(self, root: str | os.PathLike):
         self._root = Root.open(str(root))
+        self._writing: set[tuple[str, str]] = set()  # (study, trial) this Store has written: evicted already
 
     @property
     def uri(self) -> str:
@@ -89,6 +95,9 @@ class Store:
                              "letter or digit")
         data = table_rows(table, trial_id, rows)
         final = trial_file(self._root.root, table, check_study_name(study), trial_id)
+        if (study, trial_id) not in self._writing:  # its first write here: a compacted trial runs again
+            compaction.evict(self._root, study, trial_id)
+            self._writing.add((study, trial_id))
         self._root.write_table(data, final)
         return final
 
@@ -145,7 +154,7 @@ class Store:
     # -- compaction ------------------------------------------------------------------------------------------------
     def compact(self, study: str, on_table: Callable[[str, int, int], None] | None = None,
                 grace_s: float = 5.0) -> dict[str, int]:
-        """Merge the study's complete trials into one `_compacted.parquet` per table (see compaction.py)."""
+        """Merge the study's complete trials into one `study.compacted.parquet` per table (see compaction.py)."""
         return compaction.compact(self._root, check_study_name(study), on_table, grace_s)
 
 

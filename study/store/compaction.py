@@ -1,11 +1,14 @@
-"""Compaction: a study's complete trials merged into one `_compacted.parquet` per table, safely under readers.
+"""Compaction: a study's complete trials merged into one `study.compacted.parquet` per table, safely under readers.
 
 Every table's compacted file is written (atomically) before any per-trial file is removed, and readers prefer a
 trial's own file over compacted rows, so reads are right before, during and after, and a crash at any point loses
 nothing. Per-trial files of trials not yet complete stay. A per-trial file that changed after it was read (a trial
 re-running) is not removed. Per-trial files go grace_s after the compacted files are in place: a read that listed
 them just before can still open them (one that lists and then waits longer fails with file-not-found; it is never
-wrong).
+wrong). An earlier store's `_compacted.parquet` is read once more and replaced.
+
+A trial that runs again after it was compacted first takes its rows out of the compacted files (evict), so its
+rows are in one place at rest, for loopstudy and for any plain Parquet reader alike.
 """
 
 from __future__ import annotations
@@ -14,12 +17,14 @@ import json
 import time
 from collections.abc import Callable
 
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 
 from study.store.completeness import compacted_ids, completed_trials
 from study.store.files import Root
-from study.store.layout import compacted_file, compacting_marker, file_trial_id
-from study.store.listing import list_table
+from study.store.layout import LEGACY_COMPACTED, compacted_file, compacting_marker, file_trial_id
+from study.store.listing import compacted_path, list_table
 from study.store.read import scan, sources
 from study.store.schema import TABLES, schema
 
@@ -57,5 +62,34 @@ def compact(root: Root, study: str, on_table: Callable[[str, int, int], None] | 
         if info.type == pafs.FileType.File and (info.size, info.mtime_ns) == tuple(stamp):
             root.fs.delete_file(path)
             removed += 1
+    _remove_legacy(root, study)  # reads have passed over them since the new files were in place
     root.fs.delete_file(f"{root.root}/{marker}")
     return {"trials": len(done), "files_removed": removed, **{f"{t}_rows": n for t, n in rows.items()}}
+
+
+def evict(root: Root, study: str, trial_id: str) -> bool:
+    """Take one trial's rows out of the study's compacted files, because it is about to be written again; returns
+    whether it was there. The trials table goes first: from then on the trial is not complete. Each file is
+    rewritten atomically; two evictions in one study at the same moment could undo one another's (the rows then
+    count once for loopstudy, whose reads prefer a trial's own file, and twice for plain readers until the next
+    compaction): re-running a compacted trial is a deliberate `loopstudy trial --study`, not something a study
+    does."""
+    if trial_id not in compacted_ids(root, study, trial_id):
+        return False
+    for table in TABLES:
+        path = compacted_path(root, table, study)
+        if path is None:
+            continue
+        with root.fs.open_input_file(path) as fh:
+            data = pq.read_table(fh)
+        kept = data.filter(pc.not_equal(data["trial_id"], trial_id))
+        root.write_table(kept.cast(schema(table)), compacted_file(root.root, table, study))
+    _remove_legacy(root, study)
+    return True
+
+
+def _remove_legacy(root: Root, study: str) -> None:
+    for table in TABLES:
+        path = compacted_file(root.root, table, study, LEGACY_COMPACTED)
+        if root.kind(path) == pafs.FileType.File:
+            root.fs.delete_file(path)

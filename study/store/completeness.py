@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 
 from study.store.files import Root
 from study.store.integrity import check_file, sound
-from study.store.layout import compacted_file, trial_file
-from study.store.listing import sound_trial_ids
+from study.store.layout import trial_file
+from study.store.listing import compacted_path, sound_trial_ids
 from study.store.read import scan
 from study.store.schema import TABLES, schema, trials_schema
 
@@ -23,11 +23,12 @@ def compacted_ids(root: Root, study: str, trial_id: str | None = None) -> set[st
     file must be sound for it to count."""
     import polars as pl
 
-    for table in TABLES:
-        info = root.fs.get_file_info(compacted_file(root.root, table, study))
-        if info.type != pafs.FileType.File or not sound(root, info) or check_file(root, table, info, schema(table)):
+    paths = {table: compacted_path(root, table, study) for table in TABLES}
+    for table, path in paths.items():
+        info = root.fs.get_file_info(path) if path else None
+        if info is None or not sound(root, info) or check_file(root, table, info, schema(table)):
             return set()
-    path = compacted_file(root.root, "trials", study)
+    path = paths["trials"]
     lf = pl.scan_parquet(root.polars_path(path), storage_options=root.polars_options(), glob=False,
                          hive_partitioning=False).select("trial_id")
     if trial_id is not None:

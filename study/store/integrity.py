@@ -11,7 +11,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from study.store.files import Entry, Root
-from study.store.layout import COMPACTED, file_trial_id
+from study.store.layout import COMPACTED_NAMES, file_trial_id
 
 STRAY = "stray: "  # marks a verdict that leaves the file out always (not a trial's own file)
 
@@ -67,7 +67,7 @@ def _footer_verdict(root: Root, table: str, path: str, want: pa.Schema) -> str |
     if col < 0:
         return "no trial_id column"
     stem = file_trial_id(path)
-    if path.endswith("/" + COMPACTED):
+    if path.rsplit("/", 1)[-1] in COMPACTED_NAMES:
         return None
     for g in range(meta.num_row_groups):
         stats = meta.row_group(g).column(col).statistics

@@ -1,21 +1,26 @@
 """Where everything lives under a results root: the one statement of the store's path layout.
 
-    <root>/<table>/study=<name>/<trial_id>.parquet   a trial's rows of one table
-    <root>/<table>/study=<name>/_compacted.parquet   a study's compacted trials (loopstudy compact)
-    <root>/_studies/<name>.yaml                      the spec a study was last run with
-    <root>/_compacting/<name>.json                   per-trial files a running compaction is removing
-    <root>/_tune/<name>/                             Ray Tune's experiment state (checkpoints, resume)
-    <root>/_leases/<name>.json                       the driver running the study (store/lease.py)
+    <root>/<table>/study=<name>/<trial_id>.parquet        a trial's rows of one table
+    <root>/<table>/study=<name>/study.compacted.parquet   a study's compacted trials (loopstudy compact)
+    <root>/_studies/<name>.yaml                           the spec a study was last run with
+    <root>/_compacting/<name>.json                        per-trial files a running compaction is removing
+    <root>/_tune/<name>/                                  Ray Tune's experiment state (checkpoints, resume)
+    <root>/_leases/<name>.json                            the driver running the study (store/lease.py)
+    <root>/_optuna/<name>.journal                         an Optuna search's study (optuna_storage.py)
 
-Folders starting with '_' and files starting with '.' (writes in flight) are never read as table rows.
+Folders starting with '_' and files starting with '.' (writes in flight) are never read as table rows. No table
+file starts with '_' or '.': plain Parquet readers (pyarrow.dataset, pandas) skip such files, and a table read
+with DuckDB, pandas, pyarrow or Polars at `<root>/<table>` must hold the same rows as loopstudy's read.
 """
 
 from __future__ import annotations
 
 import re
 
-COMPACTED = "_compacted.parquet"
 TRIAL_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*\.parquet")  # <trial_id>.parquet: what a trial writes
+COMPACTED = "study.compacted.parquet"  # never a trial file's name (TRIAL_FILE has no inner '.')
+LEGACY_COMPACTED = "_compacted.parquet"  # earlier stores' name (plain readers skip it): read; the next compaction
+COMPACTED_NAMES = (COMPACTED, LEGACY_COMPACTED)  # replaces it
 STUDY_DIR_PREFIX = "study="
 
 
@@ -27,8 +32,8 @@ def trial_file(root: str, table: str, study: str, trial_id: str) -> str:
     return f"{table_dir(root, table, study)}/{trial_id}.parquet"
 
 
-def compacted_file(root: str, table: str, study: str) -> str:
-    return f"{table_dir(root, table, study)}/{COMPACTED}"
+def compacted_file(root: str, table: str, study: str, name: str = COMPACTED) -> str:
+    return f"{table_dir(root, table, study)}/{name}"
 
 
 def file_trial_id(path: str) -> str:
@@ -65,3 +70,8 @@ def figures_dir(uri: str) -> str:
 def tune_dir(root: str) -> str:
     """Where Tune keeps experiment state: beside the tables, ignored by readers."""
     return f"{root.rstrip('/')}/_tune"
+
+
+def optuna_journal(root: str, study: str) -> str:
+    """An Optuna search's default storage: a JournalStorage file beside the tables (study/optuna_storage.py)."""
+    return f"{root.rstrip('/')}/_optuna/{study}.journal"

@@ -1,10 +1,11 @@
 """Which files of a table belong to which study: the listing rule every read and every completeness check uses.
 
 Only regular files (not links, folders or FIFOs) named `<table>/study=<name>/<trial_id>.parquet` and
-`<table>/study=<name>/_compacted.parquet` count. Anything else (a stray copy such as `<id> (1).parquet`, a
-`backup/` folder, a symlink or a folder named like a trial file, a folder whose name breaks the study-name rule)
-would count a trial twice or not at all: it is named on stderr and left out, by reads and completeness alike.
-Dot-files (writes in flight) are passed over.
+`<table>/study=<name>/study.compacted.parquet` count (an earlier store's `_compacted.parquet` too, unless the new
+file is beside it: then it is a compaction's leftover, about to go). Anything else (a stray copy such as
+`<id> (1).parquet`, a `backup/` folder, a symlink or a folder named like a trial file, a folder whose name breaks
+the study-name rule) would count a trial twice or not at all: it is named on stderr and left out, by reads and
+completeness alike. Dot-files (writes in flight) are passed over.
 """
 
 from __future__ import annotations
@@ -16,7 +17,16 @@ import pyarrow.fs as pafs
 from study.config import check_study_name, is_study_name
 from study.store.files import Entry, Root
 from study.store.integrity import has_parquet_tail, sound
-from study.store.layout import COMPACTED, TRIAL_FILE, file_trial_id, study_of_dir, table_dir
+from study.store.layout import (
+    COMPACTED,
+    COMPACTED_NAMES,
+    LEGACY_COMPACTED,
+    TRIAL_FILE,
+    compacted_file,
+    file_trial_id,
+    study_of_dir,
+    table_dir,
+)
 from study.store.schema import TABLES, schema
 
 
@@ -45,13 +55,24 @@ def list_table(root: Root, table: str, study: str | None) -> tuple[list[Entry], 
             parts = entry.path[len(base) + 1:].split("/")
             name = study_of_dir(parts[0]) or ""
             in_place = len(parts) == 2 and is_study_name(name)
-        if in_place and entry.base_name == COMPACTED:
+        if in_place and entry.base_name in COMPACTED_NAMES:
             compacted.append(entry)
         elif in_place and TRIAL_FILE.fullmatch(entry.base_name):
             trial.append(entry)
         else:
             root.warn(entry.path, "not a trial file (<table>/study=<name>/<trial_id>.parquet)")
+    newer = {e.path.rsplit("/", 1)[0] for e in compacted if e.base_name == COMPACTED}
+    compacted = [e for e in compacted if e.base_name == COMPACTED or e.path.rsplit("/", 1)[0] not in newer]
     return sorted(trial, key=lambda i: i.path), sorted(compacted, key=lambda i: i.path)
+
+
+def compacted_path(root: Root, table: str, study: str) -> str | None:
+    """The study's compacted file of `table` (the current name first, then an earlier store's), if it has one."""
+    for name in (COMPACTED, LEGACY_COMPACTED):
+        path = compacted_file(root.root, table, study, name)
+        if root.kind(path) == pafs.FileType.File:
+            return path
+    return None
 
 
 def sound_trial_ids(root: Root, table: str, study: str) -> set[str]:

@@ -1,0 +1,94 @@
+"""Where an Optuna search's study lives: a real Optuna storage, which optuna-dashboard opens and a resumed or
+repeated run continues. Ray-free (the searcher is study/search.py).
+
+Where the Optuna study lives (`sweep.optuna.storage`): by default a JournalStorage file in the results root,
+`<root>/_optuna/<study>.journal` (for an object-store root, where Optuna cannot append to a file, the same name
+under this machine's cache, ~/.cache/loopstudy/optuna/); a path (to a journal file; relative to the spec's folder)
+or an RDB URL (sqlite:///..., postgresql://..., mysql://...) otherwise. The Optuna study is named after the study
+and keeps the spec version it runs (`spec_hash`, a user attribute); a spec edited since gets its own Optuna study,
+`<name>.<spec_hash>`, just as its trials are the study's members (study.membership). So `optuna-dashboard
+<root>/_optuna/<name>.journal` opens the search, and `loopstudy run` or `resume` of the same spec continues it:
+samples already finished count towards num_samples.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from study.config import ConfigError
+from study.paths import is_uri
+from study.store.layout import optuna_journal
+
+RDB_SCHEMES = ("sqlite", "postgresql", "mysql", "oracle", "mssql")
+FINISHED = ("COMPLETE", "PRUNED", "FAIL")
+
+
+def cache_dir() -> Path:
+    """Where an object-store root's Optuna journal lives on this machine (the dataset cache's parent folder)."""
+    from study.tasks.loader import default_cache_dir
+
+    return default_cache_dir().parent / "optuna"
+
+
+def storage_location(configured: str | None, root: str, study: str) -> str:
+    """The Optuna storage of a study: as configured (an RDB URL or a journal file path), else the default journal."""
+    if configured:
+        return configured
+    return str(cache_dir() / f"{study}.journal") if is_uri(root) else optuna_journal(root, study)
+
+
+def check_location(location: str, source: str) -> None:
+    """ConfigError when `location` is neither an RDB URL Optuna knows nor a journal file path."""
+    if is_uri(location):
+        scheme = location.split("://", 1)[0].split("+", 1)[0]
+        if scheme not in RDB_SCHEMES:
+            raise ConfigError(f"{source}: sweep.optuna.storage {location!r}: an RDB URL ({', '.join(RDB_SCHEMES)}"
+                              "://...) or the path of a journal file (e.g. results/_optuna/NAME.journal)")
+    elif os.path.isdir(location):
+        raise ConfigError(f"{source}: sweep.optuna.storage {location!r} is a folder; give a journal file's path "
+                          "(e.g. results/_optuna/NAME.journal)")
+
+
+def open_storage(location: str):
+    """An Optuna storage: RDBStorage for a URL, JournalStorage over a file otherwise (its folder created)."""
+    import optuna
+
+    if is_uri(location):
+        return optuna.storages.RDBStorage(location)
+    from optuna.storages.journal import JournalFileBackend
+
+    Path(location).parent.mkdir(parents=True, exist_ok=True)
+    return optuna.storages.JournalStorage(JournalFileBackend(location))
+
+
+@dataclass(frozen=True)
+class OptunaStudy:
+    """Where a search's Optuna study is, its name for this spec version, and how many samples it has finished."""
+
+    location: str
+    name: str
+    finished: int
+
+
+def prepare(location: str, study: str, spec_hash: str, mode: str) -> OptunaStudy:
+    """Create (or find) the Optuna study of this spec version, for a driver about to run the search (holding the
+    study's lease). Trials left RUNNING by a driver that died are marked FAIL: one driver runs a study at a time,
+    so none of them is running. (`resume` restores Tune's pickled searcher instead, which finishes them itself.)"""
+    import optuna
+    from optuna.trial import TrialState
+
+    storage = open_storage(location)
+    existing = {s.study_name: s for s in optuna.get_all_study_summaries(storage, include_best_trial=False)}
+    name = study
+    if name in existing and existing[name].user_attrs.get("spec_hash") not in (None, spec_hash):
+        name = f"{study}.{spec_hash}"  # the spec changed: its own search, as its trials are its own members
+    ot = optuna.create_study(storage=storage, study_name=name, load_if_exists=True,
+                             direction="maximize" if mode == "max" else "minimize")
+    ot.set_user_attr("spec_hash", spec_hash)
+    ot.set_user_attr("loopstudy_study", study)
+    for t in ot.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+    finished = sum(1 for t in ot.get_trials(deepcopy=False) if t.state.name in FINISHED)
+    return OptunaStudy(location, name, finished)
