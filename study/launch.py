@@ -14,6 +14,7 @@ import errno
 import json
 import logging
 import os
+import shlex
 import shutil
 import time
 from pathlib import Path
@@ -28,6 +29,7 @@ from study.paths import is_uri, resolve_root
 from study.preflight import is_loopback, preflight_study
 from study.spec import Study
 from study.store import Store
+from study.store.files import OBJECT_STORE_ENV
 from study.store.layout import spec_file, tune_dir
 from study.trainable import trainable
 
@@ -200,7 +202,7 @@ def _run_study(study: Study, store: Store, root: str, *, address: str | None, sh
     if progress.finished < n:  # Tune returns normally after Ctrl-C: do not call that finished
         eprint(f"[{study.name}] interrupted after {took}: {progress.done} trial(s) complete this run, "
                f"{progress.failed} failed, {n - progress.finished} not finished. Complete trials stay in {root}; "
-               f"continue with: loopstudy resume {study.name} --store {root}")
+               f"continue with: loopstudy resume {study.name} --store {shlex.quote(root)}")
         return {"ran": len(grid), "skipped": skipped, "errors": errors, "interrupted": True}
     stopped = f", {progress.stopped} stopped early (ASHA)" if progress.stopped else ""
     eprint(f"[{study.name}] finished in {took}: {len(grid) - errors - progress.stopped} complete{stopped}, "
@@ -265,7 +267,7 @@ def resume_study(name: str, *, storage: str, address: str | None = None, verbose
     init_ray(address, verbose=verbose)
     from ray import tune
 
-    path = f"{tune_dir(root)}/{name}"
+    path = tune_dir(root, name)
     if not tune.Tuner.can_restore(path):
         eprint(f"[{name}] no saved Tune state at {path}: running the saved spec (complete trials skipped)")
         return run_study(study, address=address, storage=root, verbose=verbose)
@@ -307,9 +309,12 @@ def submit_study(spec_path: str, *, address: str, storage: str | None, repo: Pat
         cmd += ["--store", storage]
     cmd += extra_args or []
     client = JobSubmissionClient(address)
+    # the object store's endpoint and credentials as this machine has them (they show in the job's runtime env on
+    # the dashboard: on a cluster with its own role, leave them unset here)
+    env = {k: os.environ[k] for k in OBJECT_STORE_ENV if os.environ.get(k)}
     job_id = client.submit_job(
-        entrypoint=" ".join(cmd),
-        runtime_env={"working_dir": str(repo),
+        entrypoint=" ".join(shlex.quote(c) for c in cmd),
+        runtime_env={"working_dir": str(repo), "env_vars": env,
                      "excludes": [".git", ".venv", "results", "*.parquet", "__pycache__", "docs"]},
     )
     return job_id

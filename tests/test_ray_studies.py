@@ -86,11 +86,15 @@ def test_running_a_finished_study_again_reruns_nothing(smoke_run, ray_cluster):
     assert {p: p.stat().st_mtime_ns for p in (root / "trials").rglob("*.parquet")} == before
 
 
-def test_submit_runs_a_study_as_a_ray_job(ray_cluster, tmp_path):
+def test_submit_runs_a_study_as_a_ray_job_on_s3_with_this_machines_endpoint_and_credentials(ray_cluster, s3_server):
+    """The cluster was started without any AWS_* variable: the job reaches the S3 server only because submit
+    carries the endpoint and credentials set here."""
     from ray.job_submission import JobStatus, JobSubmissionClient
 
-    proc = loopstudy("submit", "tests/specs/tiny.yaml", "--address", ray_cluster["dashboard"], "--store",
-                     str(tmp_path), "sweep.seeds=[0]")
+    env = {**os.environ, **s3_server["env"], "AWS_ENDPOINT_URL": s3_server["endpoint"]}
+    store = "s3://loopstudy/submitted"
+    proc = loopstudy("submit", "tests/specs/tiny.yaml", "--address", ray_cluster["dashboard"], "--store", store,
+                     "sweep.seeds=[0]", env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     job_id = proc.stdout.strip().splitlines()[-1]
     assert "ray job logs" in proc.stderr and job_id in proc.stderr
@@ -100,7 +104,8 @@ def test_submit_runs_a_study_as_a_ray_job(ray_cluster, tmp_path):
         assert time.time() < deadline, "job did not finish"
         time.sleep(2)
     assert client.get_job_status(job_id) == JobStatus.SUCCEEDED, client.get_job_logs(job_id)[-3000:]
-    assert len(complete_ids(tmp_path, "tiny")) == 2
+    st = loopstudy("status", "tiny", "--store", store, env=env)
+    assert st.returncode == 0 and "2/2" in st.stdout, st.stdout + st.stderr
 
 
 def test_driver_killed_mid_study_then_resume_completes_without_rerunning(ray_cluster, tmp_path):

@@ -1,10 +1,5 @@
 """Results store: round trips, atomic writes, idempotent rewrites, older schemas, corrupt files, S3 on loopback."""
 
-import os
-import socket
-import subprocess
-import sys
-import time
 from datetime import UTC, datetime
 
 import polars as pl
@@ -115,55 +110,3 @@ def test_row_dataclasses_match_the_schemas():
                        (TrainLog, "train_curve")):
         fields = {f.name for f in dataclasses.fields(cls)}
         assert fields == set(SCHEMAS[table].names) - {"trial_id", "schema_version"}, table
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def s3_server():
-    """moto's S3-compatible server on loopback, for real S3-protocol traffic (no AWS involved)."""
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 30
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            break
-        except OSError:
-            assert time.time() < deadline, "moto server did not start"
-            time.sleep(0.2)
-    env = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_EC2_METADATA_DISABLED": "true"}
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    import boto3
-
-    boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}").create_bucket(Bucket="loopstudy")
-    try:
-        yield f"s3://loopstudy/results?endpoint_override=127.0.0.1:{port}&scheme=http&region=us-east-1"
-    finally:
-        proc.terminate()
-        proc.wait(10)
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def test_store_works_against_an_s3_protocol_server_on_loopback(s3_server):
-    store = Store(s3_server)
-    assert not store.local
-    store.write("depth_eval", "s3study", "t1", SAMPLES["depth_eval"])
-    store.write("depth_eval", "s3study", "t1", SAMPLES["depth_eval"])  # replaced, not duplicated
-    write_trial(store, "s3study", "t1")
-    assert store.studies() == ["s3study"]
-    assert store.read("depth_eval", "s3study").num_rows == 2
-    assert store.completed_trials("s3study") == {"t1"}
-    store.put_text("_studies/s3study.yaml", "name: s3study\n")
-    assert store.get_text("_studies/s3study.yaml") == "name: s3study\n"

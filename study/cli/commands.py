@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import shlex
 import tempfile
 from pathlib import Path
 
@@ -75,7 +76,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 130
     print_main_table(root, study.name)
     figures = args.figures or figures_dir(root)
-    eprint(f"figures: loopstudy plot all --study {study.name} --store {root} --figures {figures}")
+    eprint(f"figures: loopstudy plot all --study {study.name} --store {shlex.quote(root)} "
+           f"--figures {shlex.quote(str(figures))}")
     if not args.no_plot:
         from study.analysis.figures import plot
 

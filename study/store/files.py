@@ -16,6 +16,40 @@ from study.atomic import atomic_target, write_bytes
 from study.paths import is_uri
 from study.store.schema import StoreError
 
+# What names an object store's endpoint, credentials and region in the environment (pyarrow, Polars and the AWS SDK
+# read them): `loopstudy submit` carries those that are set to the job, whose driver and trials then reach the same
+# store as this machine does.
+OBJECT_STORE_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                    "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "AWS_REGION", "AWS_EC2_METADATA_DISABLED")
+
+
+def endpoint(uri: str) -> str:
+    """The S3 endpoint a URI reaches: its `endpoint_override`, else $AWS_ENDPOINT_URL(_S3), else AWS itself."""
+    query = dict(urllib.parse.parse_qsl(uri.partition("?")[2]))
+    if "endpoint_override" in query:
+        return f"{query.get('scheme', 'https')}://{query['endpoint_override']}"
+    for var in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
+        if os.environ.get(var):
+            return f"{os.environ[var]} (${var})"
+    return "AWS S3 itself (no endpoint_override in the URI, no $AWS_ENDPOINT_URL)"
+
+
+def object_store_error(uri: str, e: OSError) -> str:
+    """One line for an object store that cannot be used: unreachable, refusing the credentials, or without a
+    region; what it said, and how to give the endpoint, credentials or region (never their values)."""
+    said = " ".join(str(e).split())[:300]
+    where = f"results store {uri} (endpoint {endpoint(uri)})"
+    how_endpoint = ("name the server as s3://BUCKET/PREFIX?endpoint_override=HOST:PORT&scheme=http or with "
+                    "AWS_ENDPOINT_URL=http://HOST:PORT")
+    if any(k in said for k in ("ACCESS_DENIED", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403")):
+        return (f"{where} refused the credentials: check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or the profile "
+                f"or role this machine uses). It said: {said}")
+    if "region must be set" in said:
+        return f"{where}: no region; add &region=us-east-1 to the URI or set AWS_DEFAULT_REGION. It said: {said}"
+    if any(k in said for k in ("NETWORK_CONNECTION", "curlCode", "resolve host", "Could not connect")):
+        return f"cannot reach the {where}: {said}. Start the server, or {how_endpoint}"
+    return f"{where}: {said}. If the endpoint is wrong, {how_endpoint}"
+
 
 @dataclass(frozen=True, slots=True)
 class Entry:
@@ -56,7 +90,13 @@ class Root:
         else:
             fs, path, local = pafs.LocalFileSystem(), os.path.abspath(uri), True
         root = cls(uri, fs, path.rstrip("/"), local)
-        if root.kind(root.root) == pafs.FileType.File:
+        try:
+            kind = root.kind(root.root)
+        except OSError as e:
+            if local:
+                raise
+            raise StoreError(object_store_error(uri, e)) from None
+        if kind == pafs.FileType.File:
             raise StoreError(f"results store {uri} is a file; give a folder (it is created if missing) or "
                              "an object-store URI such as s3://bucket/prefix")
         return root

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import re
 
+from study.paths import join
+
 TRIAL_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*\.parquet")  # <trial_id>.parquet: what a trial writes
 COMPACTED = "study.compacted.parquet"  # never a trial file's name (TRIAL_FILE has no inner '.')
 LEGACY_COMPACTED = "_compacted.parquet"  # earlier stores' name (plain readers skip it): read; the next compaction
@@ -67,9 +69,10 @@ def figures_dir(uri: str) -> str:
     return "results/figures" if "://" in uri else f"{uri.rstrip('/')}/figures"
 
 
-def tune_dir(root: str) -> str:
-    """Where Tune keeps experiment state: beside the tables, ignored by readers."""
-    return f"{root.rstrip('/')}/_tune"
+def tune_dir(root: str, study: str | None = None) -> str:
+    """Where Tune keeps experiment state (of one study): beside the tables, ignored by readers. A URI keeps its
+    query (endpoint, scheme, region) at the end."""
+    return join(root, "_tune", *([study] if study else []))
 
 
 def optuna_journal(root: str, study: str) -> str:

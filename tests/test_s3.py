@@ -1,0 +1,96 @@
+"""The store on a real S3 server (SeaweedFS on loopback, tests/conftest.py): both ways to name the endpoint work for
+the store and for every command, and an unreachable server or refused credentials end in one clear line."""
+
+import os
+import subprocess
+import sys
+
+import polars as pl
+import pytest
+
+from study.store import Store, StoreError
+
+from .conftest import REPO
+from .test_store import SAMPLES, write_trial
+
+
+def loopstudy(*args, env, timeout=300):
+    return subprocess.run([sys.executable, "-m", "study.cli", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "RAY_ADDRESS": "", **env})
+
+
+@pytest.fixture
+def s3_env(s3_server, monkeypatch):
+    for k, v in s3_server["env"].items():
+        monkeypatch.setenv(k, v)
+    return s3_server
+
+
+def test_the_store_round_trips_on_s3_with_the_endpoint_in_the_uri(s3_env, request):
+    store = Store(s3_env["uri"].format(prefix=request.node.name))
+    assert not store.local
+    store.write("depth_eval", "s3study", "t1", SAMPLES["depth_eval"])
+    store.write("depth_eval", "s3study", "t1", SAMPLES["depth_eval"])  # replaced, not duplicated
+    write_trial(store, "s3study", "t1")
+    write_trial(store, "s3study", "t2")
+    assert store.studies() == ["s3study"]
+    assert store.read("depth_eval", "s3study").num_rows == 4
+    assert store.completed_trials("s3study") == {"t1", "t2"}
+    store.put_text("_studies/s3study.yaml", "name: s3study\n")
+    assert store.get_text("_studies/s3study.yaml") == "name: s3study\n"
+    store.compact("s3study", grace_s=0)
+    assert store.files("trials", "s3study") == [] and store.completed_trials("s3study") == {"t1", "t2"}
+    write_trial(Store(store.uri), "s3study", "t1")  # a re-run after compaction: its rows once
+    assert store.read("depth_eval", "s3study").num_rows == 4
+
+
+def test_the_endpoint_can_come_from_aws_endpoint_url(s3_env, monkeypatch, request):
+    prefix = request.node.name
+    write_trial(Store(s3_env["uri"].format(prefix=prefix)), "s", "t1")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_env["endpoint"])
+    plain = Store(f"s3://loopstudy/{prefix}")
+    assert plain.completed_trials("s") == {"t1"}
+    assert pl.from_arrow(plain.read("trials", "s"))["trial_id"].to_list() == ["t1"]
+
+
+def test_a_study_runs_on_s3_and_every_command_reads_it_with_either_endpoint_form(s3_server, request):
+    uri = s3_server["uri"].format(prefix=request.node.name)
+    env = s3_server["env"]
+    run = loopstudy("run", "tests/specs/tiny.yaml", "--store", uri, "train.steps=8", "eval.depths=[6]",
+                    "sweep.seeds=[0]", "--num-cpus", "2", env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "2 complete, 0 failed" in run.stderr
+    plain = f"s3://loopstudy/{request.node.name}"
+    by_env = {**env, "AWS_ENDPOINT_URL": s3_server["endpoint"]}
+    for store, e in ((uri, env), (plain, by_env)):
+        st = loopstudy("status", "tiny", "--store", store, env=e)
+        assert st.returncode == 0 and "2/2" in st.stdout, st.stdout + st.stderr
+        table = loopstudy("table", "depth", "--study", "tiny", "--store", store, "--format", "csv", env=e)
+        assert table.returncode == 0 and len(table.stdout.strip().splitlines()) == 3, table.stderr
+    compact = loopstudy("compact", "tiny", "--store", plain, "--grace", "0", env=by_env)
+    assert compact.returncode == 0, compact.stderr
+    q = loopstudy("query", "SELECT count(*) AS n FROM trials", "--store", uri, "--format", "csv", env=env)
+    assert q.returncode == 0 and q.stdout.split() == ["n", "2"], q.stdout + q.stderr
+
+
+def test_refused_credentials_end_in_one_line_naming_what_to_set(s3_server, request):
+    uri = s3_server["uri"].format(prefix=request.node.name)
+    proc = loopstudy("ls", "--store", uri, env={**s3_server["env"], "AWS_SECRET_ACCESS_KEY": "wrong"})
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.count("\n") == 1 and "refused the credentials" in proc.stderr
+    assert "AWS_SECRET_ACCESS_KEY" in proc.stderr and "wrong" not in proc.stderr  # names the variable, not its value
+
+
+def test_an_unreachable_endpoint_ends_in_one_line_saying_how_to_name_one(s3_server):
+    uri = "s3://loopstudy/x?endpoint_override=127.0.0.1:1&scheme=http&region=us-east-1"  # nothing listens there
+    proc = loopstudy("run", "tests/specs/tiny.yaml", "--store", uri, env=s3_server["env"])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith("loopstudy: cannot reach the results store") and "http://127.0.0.1:1" in line
+    assert "AWS_ENDPOINT_URL" in line and "endpoint_override" in line
+
+
+def test_a_store_error_names_the_endpoint_it_used(s3_env, monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
+    with pytest.raises(StoreError, match=r"endpoint http://127\.0\.0\.1:\d+\) refused the credentials"):
+        Store(s3_env["uri"].format(prefix="x"))
