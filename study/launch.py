@@ -30,7 +30,7 @@ from study.preflight import is_loopback, preflight_study
 from study.spec import Study
 from study.store import Store
 from study.store.files import OBJECT_STORE_ENV
-from study.store.layout import spec_file, tune_dir
+from study.store.layout import spec_file, tracking_dir, tune_dir
 from study.trainable import trainable
 
 LOW_DISK_BYTES = 64 << 20  # below this, an EOFError from Tune's state files is the disk being full
@@ -126,21 +126,38 @@ def build_tuner(study: Study, root: str, pending: list, threads: int, search: Op
     from study.progress import Progress
 
     progress = Progress(spec.name, total, mode)
+    trackers, names = [], {}
+    if spec.tracking.any:
+        from study.tracking import callbacks
+
+        trackers, params = callbacks(spec.tracking, study=spec.name, folder=tracking_folder(root, spec.name),
+                                     swept=list(sweep.grid))
+        names = {"trial_name_creator": params.name, "trial_dirname_creator": params.dirname}
     tuner = tune.Tuner(
         tune.with_resources(trainable, resources),
         param_space=param_space(study, root, pending, threads),
         tune_config=tune.TuneConfig(metric="objective", mode=mode, search_alg=search_alg, scheduler=scheduler,
                                     num_samples=num_samples, max_concurrent_trials=sweep.max_concurrent or None,
-                                    reuse_actors=True),  # a fresh worker process per trial costs seconds
+                                    reuse_actors=True, **names),  # a fresh worker process per trial costs seconds
         run_config=tune.RunConfig(
             name=spec.name, storage_path=tune_dir(root), verbose=0,
             failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
-            # result.json only (Tune's ResultGrid reads it); the auto loggers are off, see init_ray
-            callbacks=[progress, JsonLoggerCallback()],
+            # result.json (Tune's ResultGrid reads it) and the trackers the spec asks for; the auto loggers are off,
+            # see init_ray
+            callbacks=[progress, JsonLoggerCallback(), *trackers],
         ),
     )
     return tuner, progress
+
+
+def tracking_folder(root: str, study: str) -> Path:
+    """Where MLflow's SQLite store and W&B's offline runs go: beside the results, or this machine's cache when the
+    results root is an object store."""
+    from study.tasks.loader import default_cache_dir
+
+    local = tracking_dir(root, study)
+    return Path(local) if local else default_cache_dir().parent / "tracking" / study
 
 
 def save_spec(store: Store, study: Study) -> None:

@@ -51,3 +51,11 @@ def summary_metrics(depth: list, final_train_loss: float | None) -> dict[str, fl
     if final_train_loss is not None:
         out["final_train_loss"] = final_train_loss
     return out
+
+
+DEPTH_KEY = "depth/exact_acc/"  # + executed layers: a trial's last report carries its depth curve (study/tracking.py)
+
+
+def depth_report(depth_rows) -> dict[str, float]:
+    """The depth curve in a trial's last report: overall exact accuracy (every difficulty) at each test-time depth."""
+    return {f"{DEPTH_KEY}{r.depth_layers}": r.exact_acc for r in depth_rows if r.difficulty is None}

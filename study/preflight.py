@@ -5,6 +5,7 @@ trial starts (or, for `loopstudy trial`, before training)."""
 
 from __future__ import annotations
 
+import importlib.util
 import uuid
 from typing import Any
 
@@ -86,12 +87,24 @@ def check_device(cfg: TrialConfig) -> None:
         raise ConfigError(f"train.device={cfg.train.device!r} but this machine has no CUDA GPU; use train.device=cpu")
 
 
+def check_trackers(study: Study) -> None:
+    """Refuse a tracker whose client is not installed here (the driver logs every run)."""
+    t = study.spec.tracking
+    wanted = {"tensorboard": ("tensorboardX", t.tensorboard), "mlflow": ("mlflow", t.mlflow),
+              "wandb": ("wandb", t.wandb)}
+    for name, (module, on) in wanted.items():
+        if on and importlib.util.find_spec(module) is None:
+            raise ConfigError(f"{study.source}: tracking.{name} needs the {module} package on this machine: "
+                              f"pip install 'loopstudy[tracking]' (or turn tracking.{name} off)")
+
+
 def preflight_study(study: Study, store: Store, *, cluster: dict[str, float], nodes: list[dict[str, Any]],
                     shared: bool) -> None:
     """Every check of a study on a cluster, in order."""
     check_resources(study, cluster)
     check_storage(store.uri, nodes, shared, data_files(study))
     check_writable(store)
+    check_trackers(study)
 
 
 def preflight_trial(cfg: TrialConfig, store: Store | None) -> None:

@@ -169,6 +169,27 @@ class Resources(Strict):
         return v
 
 
+class TrackingSpec(Strict):
+    """Live tracking through Ray Tune's logger callbacks (study/tracking.py); off unless asked for."""
+
+    tensorboard: bool = False
+    mlflow: bool | str = False  # true: an SQLite store in the results root; or a tracking URI (http://..., sqlite:)
+    wandb: bool | Literal["offline", "online"] = False  # true = offline (no account needed; `wandb sync` later)
+    project: str | None = None  # MLflow's experiment and W&B's project; default: the study's name
+
+    @field_validator("mlflow")
+    @classmethod
+    def _mlflow(cls, v: bool | str) -> bool | str:
+        if isinstance(v, str) and ":" not in v:
+            raise ValueError(f"{v!r} is not allowed; give true (an SQLite store beside the results) or a tracking "
+                             "URI such as http://HOST:5000 or sqlite:///path/mlflow.db")
+        return v
+
+    @property
+    def any(self) -> bool:
+        return bool(self.tensorboard or self.mlflow or self.wandb)
+
+
 class StudySpec(Strict):
     name: str
     description: str = ""
@@ -179,6 +200,7 @@ class StudySpec(Strict):
     sweep: SweepSpec = SweepSpec()
     resources: Resources = Resources()
     storage: str = "results"
+    tracking: TrackingSpec = TrackingSpec()
 
     @field_validator("name")
     @classmethod

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from study.config import TrialConfig, build_trial, set_dotted, trial_id
-from study.metrics import METRICS, summary_metrics
+from study.metrics import METRICS, depth_report, summary_metrics
 from study.store import Store
 
 CKPT_FILE = "trainer.pt"
@@ -33,7 +33,7 @@ class TuneSession:
 
     def __init__(self, tid: str, node: str, steps: int):
         self.tid, self.node, self.steps = tid, node, max(1, steps)
-        self.last = {"train_exact_acc": 0.0, "train_cell_acc": 0.0, "train_loss": float("nan"), "step": 0}
+        self.last = {"train_exact_acc": 0.0, "train_cell_acc": 0.0, "train_loss": float("nan"), "lr": 0.0, "step": 0}
         self.next_eval_report = time.monotonic() + EVAL_REPORT_S
 
     def report(self, objective: float, checkpoint=None, **extra) -> None:
@@ -45,7 +45,7 @@ class TuneSession:
 
     def on_log(self, log) -> None:
         self.last.update(train_exact_acc=log.exact_acc, train_cell_acc=log.cell_acc, train_loss=log.loss,
-                         step=log.step)
+                         lr=log.lr, step=log.step)
         self.report(log.cell_acc, phase="train", progress=log.step / self.steps)
 
     def on_eval_progress(self, done: int, total: int) -> None:
@@ -113,6 +113,7 @@ def trainable(config: dict[str, Any]) -> None:
         stored = stored_metrics(store, study_name, tid)
         session.report(stored[metric], skipped=1, final=1, **stored)
         return
-    metrics, _ = run_trial(cfg, study_name=study_name, store=store, node=session.node, metric=metric,
-                           spec_hash=config.get("spec_hash"), **session.callbacks())
-    session.report(metrics[metric], final=1, **metrics)
+    metrics, result = run_trial(cfg, study_name=study_name, store=store, node=session.node, metric=metric,
+                                spec_hash=config.get("spec_hash"), **session.callbacks())
+    # the depth curve rides along for the trackers (study/tracking.py); the store has every row
+    session.report(metrics[metric], final=1, **metrics, **depth_report(result.depth))

@@ -64,6 +64,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from study.spec import load_study
 
     study = load_study(args.spec, args.overrides)
+    more = [f"tracking.{t}=true" for t in args.tracking if not getattr(study.spec.tracking, t)]
+    if more:  # --tracking turns on what the spec's tracking section leaves off (and keeps its settings)
+        study = load_study(args.spec, [*args.overrides, *more])
     root = storage_root(study, args.store)
     if "working_dir_files" in os.getcwd():
         # Inside a Ray Job: Ray may delete the job's unpacked working dir once the trials sharing it end, pulling

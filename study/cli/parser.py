@@ -91,6 +91,9 @@ def add_trial(sub) -> None:
     t.set_defaults(func=cmd.cmd_trial)
 
 
+TRACKERS = ("tensorboard", "mlflow", "wandb")  # the spec's tracking section's switches (study.spec.TrackingSpec)
+
+
 def add_run(sub) -> None:
     from study.launch import COMPACT_AT  # Ray-free at import
 
@@ -111,7 +114,20 @@ def add_run(sub) -> None:
     r.add_argument("--compact-at", type=count(0), default=COMPACT_AT, metavar="N",
                    help="after the run, compact the study when it has N or more per-trial files per table, so "
                         "reading it stays a few files (0: never; default: %(default)s)")
+    r.add_argument("--tracking", type=trackers, default=[], metavar="LIST",
+                   help="live tracking, comma-separated: tensorboard, mlflow, wandb (the spec's `tracking:` "
+                        "section with defaults: MLflow's SQLite store and W&B's offline runs under "
+                        "<store>/_tracking/STUDY, TensorBoard's event files in <store>/_tune/STUDY)")
     r.set_defaults(func=cmd.cmd_run)
+
+
+def trackers(text: str) -> list[str]:
+    """--tracking: a comma-separated subset of tensorboard, mlflow, wandb."""
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [t for t in names if t not in TRACKERS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"{text!r}: give one or more of {', '.join(TRACKERS)}, comma-separated")
+    return names
 
 
 def add_cluster(sub) -> None:

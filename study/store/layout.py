@@ -7,6 +7,7 @@
     <root>/_tune/<name>/                                  Ray Tune's experiment state (checkpoints, resume)
     <root>/_leases/<name>.json                            the driver running the study (store/lease.py)
     <root>/_optuna/<name>.journal                         an Optuna search's study (optuna_storage.py)
+    <root>/_tracking/<name>/                              MLflow's and W&B's local runs (tracking.py)
 
 Folders starting with '_' and files starting with '.' (writes in flight) are never read as table rows. No table
 file starts with '_' or '.': plain Parquet readers (pyarrow.dataset, pandas) skip such files, and a table read
@@ -78,3 +79,9 @@ def tune_dir(root: str, study: str | None = None) -> str:
 def optuna_journal(root: str, study: str) -> str:
     """An Optuna search's default storage: a JournalStorage file beside the tables (study/optuna_storage.py)."""
     return f"{root.rstrip('/')}/_optuna/{study}.journal"
+
+
+def tracking_dir(root: str, study: str) -> str | None:
+    """Where a study's local tracking files go (MLflow's SQLite store, W&B's offline runs): `<root>/_tracking/
+    <study>` for a local root; None for an object store (the tracker's files then stay on this machine)."""
+    return None if "://" in root else f"{root.rstrip('/')}/_tracking/{study}"
