@@ -7,8 +7,9 @@ A spec holds a base trial (sections task/model/train/eval, as for `loopstudy tri
   optuna:    {metric, mode, num_samples, space: {dotted.key: {type: uniform|loguniform|int|choice, ...}}}
   asha:      {max_t, grace_period, reduction_factor}
   max_concurrent: N
-plus `resources: {cpu, gpu}` per trial and `storage` (results root). Every problem is reported before any trial
-starts, naming the file, the dotted key and the allowed values. Torch-free and Ray-free.
+plus `resources: {cpu, gpu}` per trial, `storage` (results root) and `tracking` (study/spec_schema.py holds the
+shape). Every problem is reported before any trial starts, naming the file, the dotted key and the allowed values.
+Torch-free and Ray-free.
 """
 
 from __future__ import annotations
@@ -17,12 +18,11 @@ import copy
 import hashlib
 import itertools
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic import ValidationError
 
 from study.config import (
     DATA_FILES,
@@ -31,7 +31,6 @@ from study.config import (
     absolute_data_path,
     build_trial,
     check_data,
-    check_study_name,
     describe_error,
     load_yaml,
     merge,
@@ -42,176 +41,10 @@ from study.config import (
     yamltext,
 )
 from study.config.reads import unread, unread_fields
-from study.metrics import DEFAULT_METRIC, SearchMetric
 from study.optuna_storage import check_location, storage_location
 from study.paths import is_uri
+from study.spec_schema import OptunaParam, StudySpec, SweepSpec
 from study.store.layout import spec_file
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class OptunaParam(Strict):
-    type: Literal["uniform", "loguniform", "int", "choice"]
-    low: float | None = None
-    high: float | None = None
-    values: list[Any] | None = None
-
-    def check(self, key: str) -> None:
-        if self.type == "choice":
-            if not self.values:
-                raise ValueError(f"sweep.optuna.space.{key}: type choice needs a non-empty 'values' list")
-        elif self.low is None or self.high is None or not self.low < self.high:
-            raise ValueError(f"sweep.optuna.space.{key}: type {self.type} needs low < high")
-        elif self.type == "loguniform" and self.low <= 0:
-            raise ValueError(f"sweep.optuna.space.{key}: loguniform needs low > 0")
-
-
-class OptunaSpec(Strict):
-    metric: SearchMetric = DEFAULT_METRIC
-    mode: Literal["max", "min"] = "max"
-    num_samples: int = 8
-    space: dict[str, OptunaParam]
-    storage: str | None = None  # the Optuna study's storage: a journal file or an RDB URL (study/optuna_storage.py)
-
-    @field_validator("num_samples")
-    @classmethod
-    def _samples(cls, v: int) -> int:
-        if v < 1:
-            raise ValueError(f"{v} is not allowed; an Optuna search needs at least 1 sample")
-        return v
-
-    @field_validator("space")
-    @classmethod
-    def _space(cls, v: dict[str, OptunaParam]) -> dict[str, OptunaParam]:
-        if not v:
-            raise ValueError("give at least one dotted key to search")
-        return v
-
-
-class AshaSpec(Strict):
-    """Early stopping (ASHA) on the training cell accuracy reported every train.log_every steps. Time is the
-    training step: rungs at grace_period * reduction_factor^k steps, up to max_t. A trial that passes the last rung
-    trains on and is evaluated; a stopped one keeps its rows (status `stopped`)."""
-
-    max_t: int = 100
-    grace_period: int = 10
-    reduction_factor: float = 2.0
-
-    @model_validator(mode="after")
-    def _check(self) -> AshaSpec:
-        if self.max_t < 1 or not 1 <= self.grace_period <= self.max_t:
-            raise ValueError(f"max_t={self.max_t}, grace_period={self.grace_period} are not allowed; "
-                             "need 1 <= grace_period <= max_t")
-        if not self.reduction_factor > 1:
-            raise ValueError(f"reduction_factor={self.reduction_factor} is not allowed; it must be > 1")
-        return self
-
-
-class SweepSpec(Strict):
-    grid: dict[str, list[Any]] = {}
-    variants: list[dict[str, Any]] = []
-    seeds: list[int] = [0]
-    optuna: OptunaSpec | None = None
-    asha: AshaSpec | None = None
-    max_concurrent: int = 0
-    max_failures: int = 2  # retries of a trial whose worker or node died (resumes from its last checkpoint)
-
-    @field_validator("seeds")
-    @classmethod
-    def _seeds(cls, v: list[int]) -> list[int]:
-        if not v:
-            raise ValueError("give at least one seed")
-        return v
-
-    @field_validator("grid")
-    @classmethod
-    def _grid(cls, v: dict[str, list[Any]]) -> dict[str, list[Any]]:
-        empty = [k for k, values in v.items() if not values]
-        if empty:
-            raise ValueError(f"axis {empty[0]!r} has no values: give at least one (or remove the axis)")
-        return v
-
-    @field_validator("variants")
-    @classmethod
-    def _variants(cls, v: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        names = [str(var["name"]) for var in v if "name" in var]
-        twice = sorted({n for n in names if names.count(n) > 1})
-        if twice:
-            raise ValueError(f"variant name(s) {twice} appear more than once: each variant needs its own name")
-        return v
-
-    @field_validator("max_concurrent", "max_failures")
-    @classmethod
-    def _count(cls, v: int) -> int:
-        if v < 0:
-            raise ValueError(f"{v} is not allowed; it must be >= 0 (max_concurrent 0: no limit)")
-        return v
-
-
-class Resources(Strict):
-    cpu: float = 1.0
-    gpu: float = 0.0
-
-    @field_validator("cpu")
-    @classmethod
-    def _cpu(cls, v: float) -> float:
-        if not 0 < v < math.inf:
-            raise ValueError(f"{v} is not allowed; a trial needs cpu > 0 (e.g. 1, or 0.5 to share a core)")
-        return v
-
-    @field_validator("gpu")
-    @classmethod
-    def _gpu(cls, v: float) -> float:
-        if not 0 <= v < math.inf:  # NaN too: Ray would wait forever for a NaN GPU
-            raise ValueError(f"{v} is not allowed; it must be >= 0 (a fraction such as 0.5 shares one GPU)")
-        return v
-
-
-class TrackingSpec(Strict):
-    """Live tracking through Ray Tune's logger callbacks (study/tracking.py); off unless asked for."""
-
-    tensorboard: bool = False
-    mlflow: bool | str = False  # true: an SQLite store in the results root; or a tracking URI (http://..., sqlite:)
-    wandb: bool | Literal["offline", "online"] = False  # true = offline (no account needed; `wandb sync` later)
-    project: str | None = None  # MLflow's experiment and W&B's project; default: the study's name
-
-    @field_validator("mlflow")
-    @classmethod
-    def _mlflow(cls, v: bool | str) -> bool | str:
-        if isinstance(v, str) and ":" not in v:
-            raise ValueError(f"{v!r} is not allowed; give true (an SQLite store beside the results) or a tracking "
-                             "URI such as http://HOST:5000 or sqlite:///path/mlflow.db")
-        return v
-
-    @property
-    def any(self) -> bool:
-        return bool(self.tensorboard or self.mlflow or self.wandb)
-
-
-class StudySpec(Strict):
-    name: str
-    description: str = ""
-    task: dict[str, Any] = {}
-    model: dict[str, Any] = {}
-    train: dict[str, Any] = {}
-    eval: dict[str, Any] = {}
-    sweep: SweepSpec = SweepSpec()
-    resources: Resources = Resources()
-    storage: str = "results"
-    tracking: TrackingSpec = TrackingSpec()
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        try:
-            return check_study_name(v)
-        except ConfigError as e:
-            raise ValueError(str(e)) from None
-
-    def base(self) -> dict[str, Any]:
-        return {"task": self.task, "model": self.model, "train": self.train, "eval": self.eval}
 
 
 @dataclass

@@ -8,8 +8,8 @@ rate arrive live at every train.log_every; the final metrics and the accuracy at
 (`depth/exact_acc/<layers>`) come with the last report, and TensorBoard and MLflow also get the depth curve as
 `depth_curve/exact_acc` with executed layers as its step.
 
-Where runs go (study.spec.TrackingSpec): TensorBoard event files in each trial's Tune folder (`tensorboard --logdir
-<root>/_tune/<study>`); MLflow to `tracking.mlflow` when it is a tracking URI, else an SQLite store
+Where runs go (study.spec_schema.TrackingSpec): TensorBoard event files in each trial's Tune folder (`tensorboard
+--logdir <root>/_tune/<study>`); MLflow to `tracking.mlflow` when it is a tracking URI, else an SQLite store
 `<tracking dir>/mlflow.db` (`mlflow ui --backend-store-uri sqlite:///...`); W&B offline into `<tracking dir>/wandb`
 (`wandb sync` uploads it later), or online with `tracking.wandb: online` and WANDB_API_KEY. The tracking dir is
 `<root>/_tracking` for a local root, this machine's cache for an object-store one (layout.tracking_dir).

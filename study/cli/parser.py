@@ -91,7 +91,7 @@ def add_trial(sub) -> None:
     t.set_defaults(func=cmd.cmd_trial)
 
 
-TRACKERS = ("tensorboard", "mlflow", "wandb")  # the spec's tracking section's switches (study.spec.TrackingSpec)
+TRACKERS = ("tensorboard", "mlflow", "wandb")  # the spec's tracking section's switches (study.spec_schema.TrackingSpec)
 
 
 def add_run(sub) -> None:
