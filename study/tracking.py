@@ -1,7 +1,7 @@
 """Live tracking through Ray Tune's own logger callbacks: TensorBoard (tensorboardX), MLflow and Weights & Biases.
 
-Each trial is one run, named `<setting>-<trial id>` (RunNames: a variant's name or the grid values, the seed, the
-trial id; an Optuna sample's picks); its params are the trial's flat config (the dotted columns of the `trials`
+Each trial is one run, named `<setting>-s<seed>-<trial id>` (TrialParams: the setting is a variant's name, the
+grid values or an Optuna sample's picks); its params are the trial's flat config (the dotted columns of the `trials`
 table), not Tune's config, which carries the config as JSON text. The x axis is the training step (`step` in
 every report; checkpoint and evaluation reports repeat it): train loss, cell and exact accuracy and the learning
 rate arrive live at every train.log_every; the final metrics and the accuracy at each test-time depth
@@ -12,7 +12,7 @@ Where runs go (study.spec_schema.TrackingSpec): TensorBoard event files in each 
 --logdir <root>/_tune/<study>`); MLflow to `tracking.mlflow` when it is a tracking URI, else an SQLite store
 `<tracking dir>/mlflow.db` (`mlflow ui --backend-store-uri sqlite:///...`); W&B offline into `<tracking dir>/wandb`
 (`wandb sync` uploads it later), or online with `tracking.wandb: online` and WANDB_API_KEY. The tracking dir is
-`<root>/_tracking` for a local root, this machine's cache for an object-store one (layout.tracking_dir).
+`<root>/_tracking/<study>` for a local root, this machine's cache for an object-store one (layout.tracking_dir).
 Imports Ray: the launcher imports this module only when it builds a Tuner with tracking on.
 """
 

@@ -595,3 +595,35 @@ def test_a_full_disk_ends_in_one_line_and_leaves_nothing_half_written(small_disk
     assert "no space left on the device" in proc.stderr and "nothing half-written was left" in proc.stderr
     assert not [p for p in (small_disk / "r").rglob("*") if p.name.endswith(".tmp")]  # no temporary file left
     assert store.completed_trials("s") == {"t1"}  # and the trial is as it was
+
+
+@pytest.fixture
+def read_only_store(tmp_path):
+    """A store with one complete trial on a file system remounted read-only: refused writes for real, even to root
+    (which ignores permission bits); skipped where mounting is not allowed."""
+    mnt = tmp_path / "ro"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        write_trial(Store(mnt / "r"), "tiny", "t1")
+        if subprocess.run(["mount", "-o", "remount,ro", str(mnt)], capture_output=True).returncode:
+            pytest.skip("cannot remount read-only here")
+        yield mnt / "r"
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+@pytest.mark.parametrize("command", [
+    ["run", "tests/specs/tiny.yaml", "train.steps=4", "sweep.seeds=[0]"],
+    ["trial", "configs/sudoku4_infiloop.yaml", "train.steps=400", "--study", "tiny"],
+    ["compact", "tiny", "--grace", "0"],
+], ids=["run", "trial", "compact"])
+def test_a_read_only_store_is_refused_in_one_line_before_any_work(read_only_store, command):
+    proc = loopstudy(*command, "--store", str(read_only_store))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith("loopstudy: ") and "Read-only file system" in line and "writable --store" in line, line
+    assert "nothing was changed" in line or "nothing was run" in line
+    assert "parameters" not in proc.stderr and "on Ray" not in proc.stderr  # before training, before Ray
+    assert Store(read_only_store).completed_trials("tiny") == {"t1"}
