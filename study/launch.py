@@ -45,6 +45,10 @@ def init_ray(address: str | None, num_cpus: int | None = None, verbose: bool = F
     if not verbose:
         os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's box and result-folder lines
         logging.getLogger("ray._private.authentication").setLevel(logging.ERROR)
+        # a failed trial's traceback (Tune logs it whole) and Tune's closing warnings: the progress line says
+        # why a trial failed in one line and where its traceback is (study.progress)
+        for name in ("ray.tune", "ray.train"):  # ray.train: the syncer's tracebacks when the store refuses a write
+            logging.getLogger(name).setLevel(logging.CRITICAL)
     # Frequent small checkpoints are by design (resume after a lost node); Tune's sync warning is noise here.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     # Our rows go to the Parquet store. Tune's default CSV/JSON/TensorBoard loggers would only duplicate them, and
@@ -234,10 +238,11 @@ def optuna_study(study: Study, root: str) -> OptunaStudy:
 
 
 def fit(tuner, root: str):
-    """tuner.fit(), with Tune's bare EOFError on a full disk (its state files cut short) said as what it is."""
+    """tuner.fit(), with what Tune raises on a full disk said as what it is: its state and error files cut short
+    end in a bare EOFError, an UnpicklingError or a JSON error, whichever it reads back first."""
     try:
         return tuner.fit()
-    except EOFError:
+    except Exception:
         if not is_uri(root) and shutil.disk_usage(root).free < LOW_DISK_BYTES:
             raise OSError(errno.ENOSPC, "No space left on device", root) from None
         raise

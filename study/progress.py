@@ -4,6 +4,7 @@ imports Ray, so the launcher imports it only when it builds a Tuner."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 
@@ -92,3 +93,19 @@ class Progress(Callback):
         self._ended(trial)
         self.failed += 1
         self._line(f"failed {trial.trial_id}")
+        eprint(f"[{self.study_name}]   {failure(trial)}")
+
+
+def failure(trial) -> str:
+    """Why a trial failed, in one line (the last line of its traceback), and where the whole traceback is."""
+    text = ""
+    try:  # the driver's own copy first (the store's may not have been written: a full disk)
+        with open(trial.error_file) as f:
+            text = f.read()
+    except (OSError, TypeError):
+        # the reason is a courtesy; the trial has failed either way
+        with contextlib.suppress(Exception):
+            text = trial.get_error() or ""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("Failure #")]
+    reason = lines[-1][:300] if lines else "no error text"
+    return f"{reason} (traceback: {trial.error_file or 'not saved'}; --verbose shows it here)"
