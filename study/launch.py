@@ -279,13 +279,20 @@ def maybe_compact(store: Store, name: str, compact_at: int) -> None:
 
 def resume_study(name: str, *, storage: str, address: str | None = None, verbose: bool = False) -> dict[str, Any]:
     """Tuner.restore the study's experiment: finished trials are not re-run, unfinished ones continue from their
-    last checkpoint. When no experiment state was saved yet, run the saved spec again (complete trials skipped)."""
+    last checkpoint. When no experiment state was saved yet, run the saved spec again (complete trials skipped).
+    An Optuna search continues from its Optuna study instead (study/optuna_storage.py): Tune's saved searcher can
+    be older than the storage (a sample that finished after Tune's last save would be told twice, and one running
+    at the time left RUNNING), while the storage knows every sample; the ones the dead driver left running are
+    marked interrupted and sampled anew."""
     from study.spec import load_saved_study
 
     root = resolve_root(storage)
     store = Store(root)
     study = load_saved_study(store, name)
     store.lease(name).refuse_if_held()  # before Ray starts (the lease itself is taken around the run)
+    if study.is_optuna:
+        eprint(f"[{name}] continuing the Optuna search from its Optuna study ({study.optuna_storage(root)})")
+        return run_study(study, address=address, storage=root, verbose=verbose)
     init_ray(address, verbose=verbose)
     from ray import tune
 

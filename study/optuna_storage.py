@@ -23,6 +23,7 @@ from study.store.layout import optuna_journal
 
 RDB_SCHEMES = ("sqlite", "postgresql", "mysql", "oracle", "mssql")
 FINISHED = ("COMPLETE", "PRUNED", "FAIL")
+INTERRUPTED = "interrupted"  # a sample its driver's death cut short: FAIL, not counted towards num_samples
 
 
 def cache_dir() -> Path:
@@ -74,8 +75,8 @@ class OptunaStudy:
 
 def prepare(location: str, study: str, spec_hash: str, mode: str) -> OptunaStudy:
     """Create (or find) the Optuna study of this spec version, for a driver about to run the search (holding the
-    study's lease). Trials left RUNNING by a driver that died are marked FAIL: one driver runs a study at a time,
-    so none of them is running. (`resume` restores Tune's pickled searcher instead, which finishes them itself.)"""
+    study's lease). Trials left RUNNING by a driver that died are marked FAIL with user attribute `interrupted`:
+    one driver runs a study at a time, so none of them is running; they do not count as finished samples."""
     import optuna
     from optuna.trial import TrialState
 
@@ -89,6 +90,8 @@ def prepare(location: str, study: str, spec_hash: str, mode: str) -> OptunaStudy
     ot.set_user_attr("spec_hash", spec_hash)
     ot.set_user_attr("loopstudy_study", study)
     for t in ot.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        storage.set_trial_user_attr(t._trial_id, INTERRUPTED, True)
         storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
-    finished = sum(1 for t in ot.get_trials(deepcopy=False) if t.state.name in FINISHED)
+    finished = sum(1 for t in ot.get_trials(deepcopy=False)
+                   if t.state.name in FINISHED and not t.user_attrs.get(INTERRUPTED))
     return OptunaStudy(location, name, finished)

@@ -10,7 +10,22 @@ from study.optuna_storage import OptunaStudy, open_storage
 
 
 class StoppedIsPruned(OptunaSearch):
+    def _finished(self, trial_id: str) -> bool:
+        """Whether the Optuna trial behind a Tune trial has finished in the storage already: a resumed driver's
+        searcher (Tune's saved copy) may not know that a sample ended before the last driver died."""
+        ot_trial = self._ot_trials.get(trial_id)
+        if ot_trial is None:
+            return False
+        return self._ot_study._storage.get_trial(ot_trial._trial_id).state.is_finished()
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        if not self._finished(trial_id):
+            super().on_trial_result(trial_id, result)
+
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        if self._finished(trial_id):  # recorded already: telling it again would fail the driver
+            self._ot_trials.pop(trial_id, None)
+            return
         ot_trial = self._ot_trials.get(trial_id)
         if result is not None and result.get("trial") and ot_trial is not None:  # the row it left in the store
             ot_trial.set_user_attr("loopstudy_trial_id", result["trial"])

@@ -191,6 +191,41 @@ def test_resume_after_the_driver_died_before_tune_saved_any_trial(ray_cluster, t
     assert_rows_once(tmp_path, "tiny", 4)
 
 
+def test_resume_continues_the_optuna_study_of_a_search_whose_driver_died(ray_cluster, tmp_path):
+    """resume continues the search from its Optuna storage: the journal ends with 4 finished samples, the one the
+    dead driver left running marked interrupted (FAIL) and sampled anew, none RUNNING, no sample told twice."""
+    overrides = ["model.hidden=32", "task.n_train=256", "task.n_test=16", "train.steps=40", "train.log_every=10",
+                 "train.warmup=5", "train.checkpoint_every=10", "sweep.optuna.num_samples=4",
+                 "sweep.max_concurrent=1", "sweep.asha.grace_period=20", "sweep.asha.max_t=40"]
+    driver = subprocess.Popen([sys.executable, "-m", "study.cli", "run", "search_spaces/optuna_hpo.yaml",
+                               *overrides, "--address", ray_cluster["address"], "--store", str(tmp_path), "--no-plot"],
+                              cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 300
+    journal = tmp_path / "_optuna" / "optuna_hpo.journal"
+
+    def samples():
+        return optuna.load_study(study_name="optuna_hpo",
+                                 storage=JournalStorage(JournalFileBackend(str(journal)))).trials
+
+    while not (journal.exists() and (tmp_path / "_tune" / "optuna_hpo" / "tuner.pkl").exists()
+               and any(t.state.name != "RUNNING" for t in samples())):
+        assert driver.poll() is None and time.time() < deadline
+        time.sleep(0.2)
+    os.killpg(driver.pid, signal.SIGKILL)  # one sample finished, the next one running
+    driver.wait()
+    proc = loopstudy("resume", "optuna_hpo", "--store", str(tmp_path), "--address", ray_cluster["address"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "continuing the Optuna search" in proc.stderr
+    trials = samples()
+    counted = [t for t in trials if t.state.name in ("COMPLETE", "PRUNED", "FAIL") and not t.user_attrs.get(
+        "interrupted")]
+    assert len(counted) == 4 and not [t for t in trials if t.state.name == "RUNNING"], [t.state for t in trials]
+    assert all(t.state.name == "FAIL" for t in trials if t.user_attrs.get("interrupted"))
+    rows = pl.from_arrow(Store(tmp_path).read("trials", "optuna_hpo"))
+    assert rows["trial_id"].n_unique() == rows.height and set(rows["trial_id"]) >= {
+        t.user_attrs["loopstudy_trial_id"] for t in counted}
+
+
 def test_resume_with_a_damaged_tune_state_runs_the_saved_spec(ray_cluster, tmp_path):
     kill_driver_once_tune_saved_state(ray_cluster, tmp_path)  # its lease stays: resume here takes it over
     (tmp_path / "_tune" / "tiny" / "tuner.pkl").write_bytes(b"\x80\x04 damaged")

@@ -44,9 +44,11 @@ def test_the_search_lives_in_a_journal_in_the_results_root_and_is_continued(tmp_
     done, orphan = ot.ask(), ot.ask()
     ot.tell(done, 0.5)  # `orphan` stays RUNNING: its driver died
     again = prepare(loc, "hpo", "v1", "max")
-    assert (again.name, again.finished) == ("hpo", 2)  # the orphan is marked FAIL: it finished, without a value
-    states = {t.number: t.state for t in optuna.load_study(study_name="hpo", storage=journal(loc)).trials}
-    assert states == {done.number: optuna.trial.TrialState.COMPLETE, orphan.number: optuna.trial.TrialState.FAIL}
+    assert (again.name, again.finished) == ("hpo", 1)  # the orphan is FAIL, interrupted: sampled anew, not counted
+    trials = {t.number: t for t in optuna.load_study(study_name="hpo", storage=journal(loc)).trials}
+    assert trials[done.number].state == optuna.trial.TrialState.COMPLETE
+    assert trials[orphan.number].state == optuna.trial.TrialState.FAIL and trials[orphan.number].user_attrs == {
+        "interrupted": True}
 
 
 def test_an_edited_spec_gets_its_own_optuna_study(tmp_path):
