@@ -33,7 +33,7 @@ from study.store.files import OBJECT_STORE_ENV
 from study.store.layout import spec_file, tracking_dir, tune_dir
 from study.trainable import trainable
 
-LOW_DISK_BYTES = 64 << 20  # below this, an EOFError from Tune's state files is the disk being full
+LOW_DISK_BYTES = 64 << 20  # below this, an error reading back Tune's state files is the disk being full
 COMPACT_AT = 500  # per-trial files per table at which a finished run compacts its study (loopstudy run --compact-at)
 
 
@@ -210,7 +210,7 @@ def _run_study(study: Study, store: Store, root: str, *, address: str | None, sh
     save_spec(store, study)
     threads = max(1, int(study.spec.resources.cpu))
     n = left
-    eprint(f"[{study.name}] {n} trial(s) on Ray ({address or 'embedded'}); results -> {root}")
+    eprint(f"[{study.name}] {left} trial(s) on Ray ({address or 'embedded'}); results -> {root}")
     if search is not None:
         eprint(f"[{study.name}] Optuna study {search.name!r} in {search.location} (optuna-dashboard "
                f"{search.location})")

@@ -627,3 +627,21 @@ def test_a_read_only_store_is_refused_in_one_line_before_any_work(read_only_stor
     assert "nothing was changed" in line or "nothing was run" in line
     assert "parameters" not in proc.stderr and "on Ray" not in proc.stderr  # before training, before Ray
     assert Store(read_only_store).completed_trials("tiny") == {"t1"}
+
+
+def test_a_disk_that_fills_during_a_run_ends_in_loopstudys_lines_only(tmp_path):
+    """A 1.5 MiB store: trials, Tune's state and its error files all meet a full disk. Whatever gives first, the
+    terminal shows loopstudy's lines (each failed trial with its reason in one line), no traceback."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1536k", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here")
+    try:
+        proc = loopstudy("run", "tests/specs/tiny.yaml", "--store", str(mnt / "r"), "--no-plot", "--num-cpus", "2",
+                         "sweep.max_failures=0", timeout=600)
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+    assert proc.returncode in (1, 2) and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "no space left on the device" in proc.stderr or "No space left on device" in proc.stderr
+    assert all(ln.startswith(("[tiny]", "loopstudy:", "figures:")) for ln in proc.stderr.splitlines() if ln.strip()), \
+        proc.stderr[-3000:]
