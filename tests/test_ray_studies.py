@@ -192,11 +192,11 @@ def test_resume_after_the_driver_died_before_tune_saved_any_trial(ray_cluster, t
 
 
 def test_resume_continues_the_optuna_study_of_a_search_whose_driver_died(ray_cluster, tmp_path):
-    """resume continues the search from its Optuna storage: the journal ends with 4 finished samples, the one the
+    """resume continues the search from its Optuna storage: the journal ends with 3 finished samples, the one the
     dead driver left running marked interrupted (FAIL) and sampled anew, none RUNNING, no sample told twice."""
-    overrides = ["model.hidden=32", "task.n_train=256", "task.n_test=16", "train.steps=40", "train.log_every=10",
-                 "train.warmup=5", "train.checkpoint_every=10", "sweep.optuna.num_samples=4",
-                 "sweep.max_concurrent=1", "sweep.asha.grace_period=20", "sweep.asha.max_t=40"]
+    overrides = ["model.hidden=16", "task.n_train=128", "task.n_test=16", "train.steps=20", "train.log_every=10",
+                 "train.warmup=5", "train.checkpoint_every=10", "sweep.optuna.num_samples=3",
+                 "sweep.max_concurrent=1", "sweep.asha.grace_period=10", "sweep.asha.max_t=20"]
     driver = subprocess.Popen([sys.executable, "-m", "study.cli", "run", "search_spaces/optuna_hpo.yaml",
                                *overrides, "--address", ray_cluster["address"], "--store", str(tmp_path), "--no-plot"],
                               cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -219,7 +219,7 @@ def test_resume_continues_the_optuna_study_of_a_search_whose_driver_died(ray_clu
     trials = samples()
     counted = [t for t in trials if t.state.name in ("COMPLETE", "PRUNED", "FAIL") and not t.user_attrs.get(
         "interrupted")]
-    assert len(counted) == 4 and not [t for t in trials if t.state.name == "RUNNING"], [t.state for t in trials]
+    assert len(counted) == 3 and not [t for t in trials if t.state.name == "RUNNING"], [t.state for t in trials]
     assert all(t.state.name == "FAIL" for t in trials if t.user_attrs.get("interrupted"))
     rows = pl.from_arrow(Store(tmp_path).read("trials", "optuna_hpo"))
     assert rows["trial_id"].n_unique() == rows.height and set(rows["trial_id"]) >= {
@@ -263,11 +263,11 @@ def training_on(resource_name: str) -> bool:
 
 def test_worker_node_killed_mid_study_every_trial_still_completes_once(ray_cluster, tmp_path):
     # --compact-at 2: the finished run also compacts the study, and every row is still there exactly once.
-    # 400 steps: a trial trains for seconds, so the kill lands mid-training (a fast machine once finished all four
+    # 240 steps: a trial trains for seconds, so the kill lands mid-training (a fast machine once finished all four
     # 80-step trials between the first checkpoint and the kill, and nothing was retried).
     driver = subprocess.Popen([sys.executable, "-m", "study.cli", "run", "tests/specs/tiny.yaml", "--address",
                                ray_cluster["address"], "--store", str(tmp_path), "--no-plot", "--compact-at", "2",
-                               "train.steps=400"],
+                               "train.steps=240"],
                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
     # a trial is training on w1 and has checkpointed (so the retry resumes from a checkpoint)
