@@ -49,6 +49,7 @@ def init_ray(address: str | None, num_cpus: int | None = None, verbose: bool = F
         # why a trial failed in one line and where its traceback is (study.progress)
         for name in ("ray.tune", "ray.train"):  # ray.train: the syncer's tracebacks when the store refuses a write
             logging.getLogger(name).setLevel(logging.CRITICAL)
+        os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # "Creating initial MLflow database tables..."
     # Frequent small checkpoints are by design (resume after a lost node); Tune's sync warning is noise here.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     # Our rows go to the Parquet store. Tune's default CSV/JSON/TensorBoard loggers would only duplicate them, and
