@@ -25,7 +25,7 @@ from study.config import ConfigError, to_dict, trial_id
 from study.console import eprint
 from study.metrics import DEFAULT_METRIC
 from study.optuna_storage import OptunaStudy, prepare
-from study.paths import is_uri, resolve_root
+from study.paths import is_uri, machine_cache, resolve_root
 from study.preflight import is_loopback, preflight_study
 from study.spec import Study
 from study.store import Store
@@ -159,10 +159,8 @@ def build_tuner(study: Study, root: str, pending: list, threads: int, search: Op
 def tracking_folder(root: str, study: str) -> Path:
     """Where MLflow's SQLite store and W&B's offline runs go: beside the results, or this machine's cache when the
     results root is an object store."""
-    from study.tasks.loader import default_cache_dir
-
     local = tracking_dir(root, study)
-    return Path(local) if local else default_cache_dir().parent / "tracking" / study
+    return Path(local) if local else machine_cache() / "tracking" / study
 
 
 def save_spec(store: Store, study: Study) -> None:
@@ -210,7 +208,6 @@ def _run_study(study: Study, store: Store, root: str, *, address: str | None, sh
     preflight_study(study, store, cluster=ray.cluster_resources(), nodes=cluster_nodes(), shared=shared_storage)
     save_spec(store, study)
     threads = max(1, int(study.spec.resources.cpu))
-    n = left
     eprint(f"[{study.name}] {left} trial(s) on Ray ({address or 'embedded'}); results -> {root}")
     if search is not None:
         eprint(f"[{study.name}] Optuna study {search.name!r} in {search.location} (optuna-dashboard "
@@ -221,9 +218,9 @@ def _run_study(study: Study, store: Store, root: str, *, address: str | None, sh
     errors = sum(1 for r in grid if r.error is not None)
     record_endings(store, study.name, grid)
     took = f"{time.perf_counter() - t0:.0f}s"
-    if progress.finished < n:  # Tune returns normally after Ctrl-C: do not call that finished
+    if progress.finished < left:  # Tune returns normally after Ctrl-C: do not call that finished
         eprint(f"[{study.name}] interrupted after {took}: {progress.done} trial(s) complete this run, "
-               f"{progress.failed} failed, {n - progress.finished} not finished. Complete trials stay in {root}; "
+               f"{progress.failed} failed, {left - progress.finished} not finished. Complete trials stay in {root}; "
                f"continue with: loopstudy resume {study.name} --store {shlex.quote(root)}")
         return {"ran": len(grid), "skipped": skipped, "errors": errors, "interrupted": True}
     stopped = f", {progress.stopped} stopped early (ASHA)" if progress.stopped else ""

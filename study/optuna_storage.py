@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from study.config import ConfigError
-from study.paths import is_uri
+from study.paths import is_uri, machine_cache
 from study.store.layout import optuna_journal
 
 RDB_SCHEMES = ("sqlite", "postgresql", "mysql", "oracle", "mssql")
@@ -26,18 +26,11 @@ FINISHED = ("COMPLETE", "PRUNED", "FAIL")
 INTERRUPTED = "interrupted"  # a sample its driver's death cut short: FAIL, not counted towards num_samples
 
 
-def cache_dir() -> Path:
-    """Where an object-store root's Optuna journal lives on this machine (the dataset cache's parent folder)."""
-    from study.tasks.loader import default_cache_dir
-
-    return default_cache_dir().parent / "optuna"
-
-
 def storage_location(configured: str | None, root: str, study: str) -> str:
     """The Optuna storage of a study: as configured (an RDB URL or a journal file path), else the default journal."""
     if configured:
         return configured
-    return str(cache_dir() / f"{study}.journal") if is_uri(root) else optuna_journal(root, study)
+    return str(machine_cache() / "optuna" / f"{study}.journal") if is_uri(root) else optuna_journal(root, study)
 
 
 def check_location(location: str, source: str) -> None:

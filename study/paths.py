@@ -6,6 +6,8 @@ One rule, used by the store, the data-file paths and the launcher's storage chec
 from __future__ import annotations
 
 import os
+import tempfile
+from pathlib import Path
 
 
 def is_uri(location: str) -> bool:
@@ -18,6 +20,20 @@ def join(location: str, *parts: str) -> str:
     end, where pyarrow and Tune read it (appended after it, a path part would become part of the query)."""
     base, sep, query = location.partition("?") if is_uri(location) else (location, "", "")
     return "/".join([base.rstrip("/"), *parts]) + sep + query
+
+
+def machine_cache() -> Path:
+    """This machine's own loopstudy files (datasets, and an object-store study's Optuna journal and tracking runs):
+    $LOOPSTUDY_CACHE, else ~/.cache/loopstudy; the temporary folder when HOME is missing or not a folder (a
+    cluster's service account, a container), so nothing fails for want of a home."""
+    if os.environ.get("LOOPSTUDY_CACHE"):
+        return Path(os.environ["LOOPSTUDY_CACHE"])
+    try:
+        home = Path.home()
+    except (RuntimeError, KeyError):
+        home = None
+    base = home / ".cache" if home is not None and home.is_dir() else Path(tempfile.gettempdir())
+    return base / "loopstudy"
 
 
 def resolve_root(root: str | os.PathLike) -> str:

@@ -71,8 +71,8 @@ class Study:
         under the current version (study.membership)."""
         sweep = self.spec.sweep.model_dump(exclude={"max_concurrent", "max_failures"})
         if sweep.get("optuna"):
-            for where_and_how_many in ("num_samples", "storage"):
-                sweep["optuna"].pop(where_and_how_many, None)
+            for key in ("num_samples", "storage"):  # how many samples and where they are kept: not what runs
+                sweep["optuna"].pop(key, None)
         text = json.dumps({**self.spec.base(), "sweep": sweep}, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 

@@ -23,11 +23,23 @@ OBJECT_STORE_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_I
                     "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "AWS_REGION", "AWS_EC2_METADATA_DISABLED")
 
 
+def uri_query(uri: str) -> dict[str, str]:
+    """An object-store URI's query: endpoint_override, scheme, region (pyarrow.fs's spelling)."""
+    return dict(urllib.parse.parse_qsl(uri.partition("?")[2]))
+
+
+def uri_endpoint(query: dict[str, str]) -> str | None:
+    """The endpoint a URI's query names (`scheme://endpoint_override`), if it names one."""
+    if "endpoint_override" not in query:
+        return None
+    return f"{query.get('scheme', 'https')}://{query['endpoint_override']}"
+
+
 def endpoint(uri: str) -> str:
     """The S3 endpoint a URI reaches: its `endpoint_override`, else $AWS_ENDPOINT_URL(_S3), else AWS itself."""
-    query = dict(urllib.parse.parse_qsl(uri.partition("?")[2]))
-    if "endpoint_override" in query:
-        return f"{query.get('scheme', 'https')}://{query['endpoint_override']}"
+    named = uri_endpoint(uri_query(uri))
+    if named:
+        return named
     for var in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
         if os.environ.get(var):
             return f"{os.environ[var]} (${var})"
@@ -172,12 +184,11 @@ class Root:
         region: the pyarrow.fs spelling); credentials come from the environment as for pyarrow."""
         if self.local or "?" not in self.uri:
             return None
-        query = dict(urllib.parse.parse_qsl(self.uri.split("?", 1)[1]))
+        query = uri_query(self.uri)
         opts = {}
-        if "endpoint_override" in query:
-            scheme = query.get("scheme", "https")
-            opts["aws_endpoint_url"] = f"{scheme}://{query['endpoint_override']}"
-            if scheme == "http":
+        if uri_endpoint(query):
+            opts["aws_endpoint_url"] = uri_endpoint(query)
+            if query.get("scheme", "https") == "http":
                 opts["aws_allow_http"] = "true"
         if "region" in query:
             opts["aws_region"] = query["region"]

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -18,6 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from study.atomic import atomic_target
+from study.paths import machine_cache
 from study.tasks import TASKS
 from study.tasks.base import DataError, Split, TaskSpec
 
@@ -40,16 +39,8 @@ class Task:
 
 
 def default_cache_dir() -> Path:
-    """$LOOPSTUDY_CACHE, else ~/.cache/loopstudy; the temporary folder when HOME is missing or not a folder (a
-    cluster's service account, a container), so a trial never fails for want of a home."""
-    if os.environ.get("LOOPSTUDY_CACHE"):
-        return Path(os.environ["LOOPSTUDY_CACHE"]) / "datasets"
-    try:
-        home = Path.home()
-    except (RuntimeError, KeyError):
-        home = None
-    base = home / ".cache" if home is not None and home.is_dir() else Path(tempfile.gettempdir())
-    return base / "loopstudy" / "datasets"
+    """Where generated datasets are cached on this machine (study.paths.machine_cache)."""
+    return machine_cache() / "datasets"
 
 
 def cached(key: dict, make, cache_dir: Path) -> Split:
