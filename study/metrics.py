@@ -14,12 +14,14 @@ from typing import Literal
 @dataclass(frozen=True)
 class Metric:
     """name: column of the trials table. mode: which way is better. searchable: Optuna may optimise it (known
-    once evaluation ends; the training loss is not a goal). help: one line for --help."""
+    once evaluation ends; the training loss is not a goal). help: one line for --help. every_task: False for a
+    metric only some tasks have (ARC's pass@2), null in the others' rows."""
 
     name: str
     mode: Literal["max", "min"]
     searchable: bool
     help: str
+    every_task: bool = True
 
 
 METRICS: dict[str, Metric] = {m.name: m for m in (
@@ -27,6 +29,8 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
     Metric("best_exact_acc", "max", True, "exact accuracy at the best test-time depth"),
     Metric("final_train_loss", "min", False, "training loss at the last logged step"),
     Metric("final_cell_acc", "max", True, "cell accuracy at the deepest test-time depth"),
+    Metric("final_pass_at_2", "max", True, "ARC: pass@2 per puzzle (the papers' count) at the deepest depth",
+           every_task=False),
 )}
 
 SEARCH_METRICS = tuple(n for n, m in METRICS.items() if m.searchable)  # sweep.optuna.metric
@@ -42,12 +46,14 @@ def summary_metrics(depth: list, final_train_loss: float | None) -> dict[str, fl
     exact_acc, cell_acc) and its last training loss: the one computation, for a trial just run and for one read
     back from the store."""
     def get(r, k):
-        return r[k] if isinstance(r, dict) else getattr(r, k)
+        return r.get(k) if isinstance(r, dict) else getattr(r, k, None)
 
     overall = [r for r in depth if get(r, "difficulty") is None]
     deepest = max(overall, key=lambda r: get(r, "depth_layers"))
     out = {"final_exact_acc": get(deepest, "exact_acc"), "best_exact_acc": max(get(r, "exact_acc") for r in overall),
            "final_cell_acc": get(deepest, "cell_acc")}
+    if get(deepest, "puzzle_pass_at_2") is not None:
+        out["final_pass_at_2"] = get(deepest, "puzzle_pass_at_2")
     if final_train_loss is not None:
         out["final_train_loss"] = final_train_loss
     return out

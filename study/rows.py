@@ -24,7 +24,8 @@ class TrainLog:
 
 @dataclass
 class DepthRow:
-    """Accuracy at one test-time depth (table depth_eval); difficulty None: all samples."""
+    """Accuracy at one test-time depth (table depth_eval); difficulty None: all samples. n, exact_acc and cell_acc
+    count the rolled-out samples (for ARC: every augmented version of a test input)."""
 
     depth_layers: int
     outer_cycles: int
@@ -34,6 +35,12 @@ class DepthRow:
     cell_acc: float
     halted_frac: float
     eff_layers: float
+    # ARC (a task with TaskDef.vote; None for the others): answers pooled over augmented versions, ranked by votes
+    # (methods.md 8.5); per test input, and per puzzle as the papers count it
+    pass_at_1: float | None = None
+    pass_at_2: float | None = None
+    puzzle_pass_at_1: float | None = None
+    puzzle_pass_at_2: float | None = None
 
 
 @dataclass

@@ -92,7 +92,7 @@ def stored_metrics(store: Store, study: str, tid: str) -> dict[str, float]:
 
     row = store.trial_row(study, tid) or {}
     out = {k: row[k] for k in METRICS if row.get(k) is not None}
-    if set(METRICS) - set(out):
+    if {k for k, m in METRICS.items() if m.every_task} - set(out):
         depth = store.scan("depth_eval", study, skip_bad=True).filter(pl.col("trial_id") == tid).collect()
         out = {**summary_metrics(depth.to_dicts(), row.get("final_train_loss")), **out}
     return out

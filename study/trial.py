@@ -99,7 +99,7 @@ def run_trial(
     seed_everything(cfg.seed)
     task = load_task(cfg.task)
     spec = task.spec
-    model = build_reasoner(cfg.model, spec.vocab, spec.seq_len, spec.grid)
+    model = build_reasoner(cfg.model, spec.vocab, spec.seq_len, spec.grid, spec.puzzles)
     trainer = Trainer(model, task, cfg.train, cfg.seed)
     recorder = TrialRecorder(store, study_name, cfg, model, node=node, spec_hash=spec_hash)
     if resume is not None:

@@ -107,7 +107,8 @@ def _dynamics(ctx: Context, kind: str) -> pl.LazyFrame:
 def fig_depth(ctx: Context, ax, style: Style | None = None) -> None:
     style = style or Style()
     lf = overall(ctx.table("depth_eval"))
-    _bands(ax, lf, "depth_layers", "exact_acc", limits=(0.0, 1.0), style=style)
+    value, ylabel = ctx.headline
+    _bands(ax, lf, "depth_layers", value, limits=(0.0, 1.0), style=style)
     measured = sorted(lf.select("depth_layers").unique().collect()["depth_layers"].to_list())
     # the published readings are on Sudoku-Extreme: beside sudoku studies only, and inside the measured range
     # unless asked for (--paper), so 24,960-layer markers never squash a study read to 192 layers
@@ -124,16 +125,18 @@ def fig_depth(ctx: Context, ax, style: Style | None = None) -> None:
     ticks = sorted(set(measured) | set(shown))
     _plain_log_ticks(ax, ticks if len(ticks) <= 8 else ticks[::max(1, len(ticks) // 8)], base=2)
     ax.set_ylim(-0.02, 1.02)
-    _labels(ax, "Accuracy vs test-time depth", "executed layers (test-time depth)", "exact accuracy")
+    _labels(ax, "Accuracy vs test-time depth", "executed layers (test-time depth)", ylabel)
 
 
 def fig_difficulty(ctx: Context, ax, style: Style | None = None) -> None:
     lf = _by_difficulty(ctx)
     if lf.select(pl.col("difficulty").n_unique()).collect().item() < 2:
         raise AnalysisError("one difficulty only: nothing to compare")
-    _bands(ax, lf, "difficulty", "exact_acc", limits=(0.0, 1.0), style=style)
+    value, ylabel = ctx.headline
+    _bands(ax, lf, "difficulty", value, limits=(0.0, 1.0), style=style)
     _integer_x(ax)
-    _labels(ax, "Accuracy by difficulty", "difficulty (blanks / path length)", "exact accuracy at deepest depth")
+    what = "output cells, rounded up to a power of 2" if ctx.pooled else "blanks / path length"
+    _labels(ax, "Accuracy by difficulty", f"difficulty ({what})", f"{ylabel} at deepest depth")
 
 
 def fig_gamma(ctx: Context, ax, style: Style | None = None) -> None:

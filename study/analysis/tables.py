@@ -8,6 +8,7 @@ placement=both"); with paper=True the published rows join as setting "<method> [
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 from collections.abc import Callable
@@ -110,6 +111,23 @@ class Context:
         meta = self.trials.select(["trial_id", "setting", *self.axes]).lazy()
         return self.store.scan(name, self.study, self.skip_bad).join(meta, on="trial_id", how="inner")
 
+    @functools.cached_property
+    def pooled(self) -> bool:
+        """Whether the study's depth rows hold pooled answers' pass@k (ARC): then pass@2 is its headline."""
+        col = "puzzle_pass_at_2"
+        return bool(self.table("depth_eval").select(pl.col(col).is_not_null().any()).collect().item())
+
+    @property
+    def accuracy(self) -> list[str]:
+        """The accuracy columns its tables show: ARC's pass@k (per puzzle, per test input) beside exact_acc, else
+        exact and cell accuracy."""
+        return ["puzzle_pass_at_2", "pass_at_2", "pass_at_1", "exact_acc"] if self.pooled else ["exact_acc", "cell_acc"]
+
+    @property
+    def headline(self) -> tuple[str, str]:
+        """(column, axis label) of the accuracy the figures draw."""
+        return ("puzzle_pass_at_2", "pass@2 (per puzzle)") if self.pooled else ("exact_acc", "exact accuracy")
+
 
 def load_context(store: Store, study: str, skip_bad: bool = False, include_stale: bool = False) -> Context:
     """The study's complete member trials (study.membership) with their setting labels; include_stale: the
@@ -159,13 +177,13 @@ def with_depth_multiple(ctx: Context, lf: pl.LazyFrame) -> pl.LazyFrame:
 
 def t_depth(ctx: Context) -> pl.DataFrame:
     """Accuracy by executed layers, per setting (the depth-scaling table)."""
-    return aggregate(overall(ctx.table("depth_eval")), ["setting", "depth_layers"], ["exact_acc", "cell_acc"])
+    return aggregate(overall(ctx.table("depth_eval")), ["setting", "depth_layers"], ctx.accuracy)
 
 
 def t_final(ctx: Context) -> pl.DataFrame:
     """Accuracy at the deepest depth per setting: the generic ablation table (placement, beta, a1/a2, ...)."""
     return aggregate(deepest(overall(ctx.table("depth_eval"))), ["setting", *ctx.value_axes, "depth_layers"],
-                     ["exact_acc", "cell_acc"])
+                     ctx.accuracy)
 
 
 def t_halting(ctx: Context) -> pl.DataFrame:
@@ -177,7 +195,8 @@ def t_halting(ctx: Context) -> pl.DataFrame:
 def t_difficulty(ctx: Context) -> pl.DataFrame:
     """Accuracy by difficulty (blanks) at the deepest depth, and the effective layers where trials halt."""
     lf = deepest(ctx.table("depth_eval")).filter(pl.col("difficulty").is_not_null())
-    return aggregate(lf, ["setting", "difficulty"], ["exact_acc", *(["eff_layers"] if halting_evaluated(ctx) else [])])
+    return aggregate(lf, ["setting", "difficulty"], [ctx.headline[0],
+                                                     *(["eff_layers"] if halting_evaluated(ctx) else [])])
 
 
 def t_overthinking(ctx: Context) -> pl.DataFrame:

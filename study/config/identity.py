@@ -23,6 +23,7 @@ ADDED_LATER: dict[tuple[str, str], Any] = {
     ("eval", "tau"): None, ("eval", "gamma"): None, ("eval", "compile"): None, ("eval", "readout"): "last",
     ("model", "recall"): True, ("model", "pos"): "learned", ("train", "progressive"): 0.0,
     ("task", "min_length"): None, ("task", "test_lengths"): None, ("task", "test_size"): None,
+    ("task", "dataset"): None, ("task", "n_aug"): None, ("task", "puzzle_embedding"): None,
 }
 
 

@@ -144,14 +144,18 @@ class ModelConfig:
 
 @pdataclass(config={"extra": "forbid"})
 class TaskConfig:
-    """name: sudoku | maze | state_tracking | prefix_sums. size: board side (sudoku 4/6/9, maze N); test_size: a
+    """name: sudoku | maze | state_tracking | prefix_sums | arc. size: board side (sudoku 4/6/9, maze N); test_size: a
     maze side for the test set (extrapolation: train small, test larger). blanks: [min, max] blanks per sudoku
     (test_blanks: another range for the test set). length: sequence length (state tracking; prefix sums: the
     longest training string, min_length the shortest); test_lengths: prefix-sum test lengths (default: length).
     csv / test_csv: Sudoku-Extreme files instead of generated puzzles (relative paths are read against the spec's
     folder; a trial's identity holds their contents); with csv and no test_csv the last n_test of the first
     n_train + n_test puzzles of csv are held out as the test set. data_seed fixes the data for every trial seed
-    (the trial seed drives init and order)."""
+    (the trial seed drives init and order). ARC (methods.md 8.5): size is the canvas side (30: every puzzle; less
+    keeps the puzzles whose grids all fit), n_train / n_test cap the training-set / evaluation-set puzzles, dataset
+    arc_agi_1 | arc_agi_2 (default arc_agi_1), n_aug augmented versions per puzzle (default 8; the papers 1000),
+    puzzle_embedding learned (default) | none (one shared id) | random (trained as learned, each test row read with
+    a random puzzle id)."""
 
     name: TaskName = "sudoku"
     size: int = 4
@@ -171,6 +175,9 @@ class TaskConfig:
     csv: str | None = None
     test_csv: str | None = None
     cache_dir: str | None = None
+    dataset: Literal["arc_agi_1", "arc_agi_2"] | None = None
+    n_aug: int | None = None
+    puzzle_embedding: Literal["learned", "none", "random"] | None = None
 
     def __post_init__(self):
         for key in OPTIONAL_TASK_FIELDS:  # set for a task that does not read it: refused, never silently ignored

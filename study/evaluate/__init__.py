@@ -42,7 +42,7 @@ def evaluated_model(model: Reasoner, task: Task, cfg: EvalConfig, device: str) -
     mcfg = cfg.model_config(model.cfg)
     if mcfg != model.cfg:
         spec = task.spec
-        evm = build_reasoner(mcfg, spec.vocab, spec.seq_len, spec.grid)
+        evm = build_reasoner(mcfg, spec.vocab, spec.seq_len, spec.grid, spec.puzzles)
         evm.load_state_dict(model.state_dict())
         model = evm
     model = model.to(device).eval()
@@ -89,8 +89,10 @@ def evaluate(model: Reasoner, task: Task, cfg: EvalConfig, device: str = "cpu",
         with amp:
             got.append(rollout_batch(model, data.take(rows), plan if b == 0 else later, device,
                                      progress if on_progress is not None else None))
+    vote = TASKS[task.cfg.name].vote
     depth_rows = depth_table({d: [g.readings[d] for g in got] for d in plan.target_steps.values()}, data,
-                             plan.target_steps)
+                             plan.target_steps,
+                             (lambda pred, conf: vote(task.cfg, pred, conf, data.difficulty)) if vote else None)
     traj = trajectory([g.part for g in got], data, TASKS[task.cfg.name].free_cells(data), plan.axes)
     dynamics = dynamics_rows(traj, plan.axes or ["none"], cfg)
     perturbation = []
@@ -110,19 +112,22 @@ def trajectory(parts: list[dict[str, np.ndarray]], data: Split, free: np.ndarray
                       residual=joined("residual"), eta=joined("eta"))
 
 
-def depth_table(readings: dict[int, list[Reading]], data: Split, target_steps: dict[int, int]) -> list[DepthRow]:
-    """One row per depth for all samples and one per difficulty: accuracy, halted share, executed layers."""
+def depth_table(readings: dict[int, list[Reading]], data: Split, target_steps: dict[int, int],
+                score: Callable[[np.ndarray, np.ndarray], dict] | None = None) -> list[DepthRow]:
+    """One row per depth for all samples and one per difficulty: accuracy, halted share, executed layers; with a
+    task that pools answers (TaskDef.vote), `score(pred, conf)` adds its pass@k columns to each row."""
     rows = []
     steps_of = {d: s for s, d in target_steps.items()}
     for depth, parts in readings.items():
         pred = np.concatenate([p.pred for p in parts])
         halted = np.concatenate([p.halted for p in parts])
         eff = np.concatenate([p.eff_layers for p in parts])
+        pooled = score(pred, np.concatenate([p.conf for p in parts])) if score else {}
         exact, cell = accuracies(pred, data.labels)
         cycles = steps_of[depth]  # outer cycles (nested) or iterations (flat)
         groups = [(None, np.ones(len(pred), bool))]
         groups += [(int(d), data.difficulty == d) for d in np.unique(data.difficulty)]
         for diff, m in groups:
             rows.append(DepthRow(depth, cycles, diff, int(m.sum()), float(exact[m].mean()), float(cell[m].mean()),
-                                 float(halted[m].mean()), float(eff[m].mean())))
+                                 float(halted[m].mean()), float(eff[m].mean()), **pooled.get(diff, {})))
     return rows

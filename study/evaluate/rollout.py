@@ -40,11 +40,13 @@ class RolloutPlan:
 
 
 class Reading(NamedTuple):
-    """A depth reading of one batch: per sample the prediction (B, S), whether it had halted, its executed layers."""
+    """A depth reading of one batch: per sample the prediction (B, S), whether it had halted, its executed layers,
+    its confidence (mean over cells of the top probability: what breaks ties between pooled answers)."""
 
     pred: np.ndarray
     halted: np.ndarray
     eff_layers: np.ndarray
+    conf: np.ndarray
 
 
 @dataclass
@@ -90,9 +92,10 @@ class _Reader:
         if target:
             # (a copy: on the CPU .numpy() shares memory, and best_pred changes in place afterwards)
             pred = self.best_pred.clone() if plan.readout == "max_conf" else logits.argmax(-1)
+            conf = self.best_conf.clone() if plan.readout == "max_conf" else self.confidence(logits)
             self.readings[plan.target_steps[self.step]] = Reading(
                 self.full(pred.cpu().numpy()), state.halt.halted.cpu().numpy(),
-                state.halt.eff_layers.float().cpu().numpy())
+                state.halt.eff_layers.float().cpu().numpy(), conf.float().cpu().numpy())
         if traced:
             self.trace(state, logits)
         if plan.perturb_step is not None and self.step == plan.perturb_step:
@@ -103,10 +106,15 @@ class _Reader:
     def track_confidence(self, logits: torch.Tensor) -> None:
         """eval.readout max_conf: per sample, the prediction of the most confident step so far."""
         probs = logits.float().softmax(-1)
-        conf = (probs.amax(-1) * self.real).sum(1) / self.real.sum(1).clamp_min(1)
+        conf = self.confidence(logits, probs)
         better = conf > self.best_conf  # strictly: the earliest of equally confident steps
         self.best_conf.copy_(torch.where(better, conf, self.best_conf))
         self.best_pred.copy_(torch.where(better[:, None], probs.argmax(-1), self.best_pred))
+
+    def confidence(self, logits: torch.Tensor, probs: torch.Tensor | None = None) -> torch.Tensor:
+        """Per sample: the mean over its cells (padding left out) of the top probability."""
+        probs = logits.float().softmax(-1) if probs is None else probs
+        return (probs.amax(-1) * self.real).sum(1) / self.real.sum(1).clamp_min(1)
 
     def trace(self, state: LoopState, logits: torch.Tensor) -> None:
         """The per-update trajectory the diagnostics read: predictions, residual, eta, InfiLoop's gamma / score."""

@@ -53,12 +53,16 @@ class LoopState:
 class Reasoner(nn.Module):
     """Shared parts: input embedding, the block, the output head, updates and rollouts."""
 
-    def __init__(self, cfg: ModelConfig, vocab: int, seq_len: int, grid: tuple[int, ...]):
+    def __init__(self, cfg: ModelConfig, vocab: int, seq_len: int, grid: tuple[int, ...], puzzles: int = 0):
         super().__init__()
         self.cfg = cfg
         d = cfg.hidden
         self.scale = math.sqrt(d)  # TRM: embeddings at unit scale per element
         self.tok = nn.Embedding(vocab, d)
+        # ARC's puzzle embedding (methods.md 8.5): the last column holds a puzzle id; zero at the start, as TRM's
+        self.puzzle = nn.Embedding(puzzles, d) if puzzles else None
+        if self.puzzle is not None:
+            nn.init.zeros_(self.puzzle.weight)
         self.seq_len = seq_len
         self.pos = nn.Parameter(torch.randn(seq_len, d) / self.scale) if cfg.pos == "learned" else None
         nn.init.normal_(self.tok.weight, std=1 / self.scale)
@@ -81,12 +85,16 @@ class Reasoner(nn.Module):
         return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        if self.puzzle is None:
+            e = self.tok(tokens)
+        else:
+            e = torch.cat([self.tok(tokens[:, :-1]), self.puzzle(tokens[:, -1:])], 1)
         if self.pos is None:
-            return self.scale * self.tok(tokens)
+            return self.scale * e
         if tokens.shape[1] > self.seq_len:
             raise ValueError(f"{tokens.shape[1]} tokens, but model.pos=learned has positions for {self.seq_len}; "
                              "use model.pos=none to read longer inputs")
-        return self.scale * (self.tok(tokens) + self.pos[: tokens.shape[1]])
+        return self.scale * (e + self.pos[: tokens.shape[1]])
 
     def injected(self, x: torch.Tensor) -> torch.Tensor | None:
         """What a step adds of the input: x with recall, nothing without."""
@@ -149,8 +157,8 @@ class Reasoner(nn.Module):
 class NestedReasoner(Reasoner):
     """TRM-style H/L reasoner with a carry rule per axis."""
 
-    def __init__(self, cfg: ModelConfig, vocab: int, seq_len: int, grid: tuple[int, ...]):
-        super().__init__(cfg, vocab, seq_len, grid)
+    def __init__(self, cfg: ModelConfig, vocab: int, seq_len: int, grid: tuple[int, ...], puzzles: int = 0):
+        super().__init__(cfg, vocab, seq_len, grid, puzzles)
         d = cfg.hidden
         self.y_init = nn.Parameter(torch.randn(d))
         self.z_init = nn.Parameter(torch.randn(d))
@@ -180,8 +188,8 @@ class NestedReasoner(Reasoner):
 class FlatReasoner(Reasoner):
     """FPRM-style single-state reasoner; with residual scaling the input enters as a2 * f(z) + b2 * x."""
 
-    def __init__(self, cfg: ModelConfig, vocab: int, seq_len: int, grid: tuple[int, ...]):
-        super().__init__(cfg, vocab, seq_len, grid)
+    def __init__(self, cfg: ModelConfig, vocab: int, seq_len: int, grid: tuple[int, ...], puzzles: int = 0):
+        super().__init__(cfg, vocab, seq_len, grid, puzzles)
         self.z_init = nn.Parameter(torch.randn(cfg.hidden))
         self.carry_outer = make_carry(cfg.carry.rule_for("flat"), cfg.hidden, cfg.carry)
 
@@ -203,8 +211,10 @@ class FlatReasoner(Reasoner):
         return LoopState(outer, None, state.halt, state.steps), residual
 
 
-def build_reasoner(cfg: ModelConfig, vocab: int, seq_len: int, grid: tuple[int, ...]) -> Reasoner:
-    """The reasoner for a task: `grid` shapes the depthwise conv ((rows, cols) or (length,))."""
+def build_reasoner(cfg: ModelConfig, vocab: int, seq_len: int, grid: tuple[int, ...], puzzles: int = 0
+                   ) -> Reasoner:
+    """The reasoner for a task: `grid` shapes the depthwise conv ((rows, cols) or (length,)); `puzzles` > 0 adds a
+    puzzle embedding read from the last column (TaskSpec.puzzles)."""
     cls = NestedReasoner if cfg.kind == "nested" else FlatReasoner
-    return cls(cfg, vocab, seq_len, grid)
+    return cls(cfg, vocab, seq_len, grid, puzzles)
 

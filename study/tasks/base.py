@@ -46,6 +46,7 @@ class TaskSpec:
     pad: int | None = None  # the padding token of variable-length tasks (trailing padding is trimmed at test)
     test_seq_len: int | None = None  # the test set's length and grid where they differ from training's
     test_grid: tuple[int, ...] | None = None
+    puzzles: int = 0  # puzzle ids (ARC): the sequence's last column is the id, read from a learned embedding
 
     @property
     def test_shape_differs(self) -> bool:
@@ -71,7 +72,9 @@ class TaskDef:
     reads_csv: task.csv / task.test_csv apply (load_csv(path, cfg, limit) reads them). free_cells(split): (N, S)
     the cells a solver must fill, for the stability diagnostics (default: every scored cell; sudoku: the blanks).
     reads: the task-specific TaskConfig fields this task reads (beside COMMON_FIELDS, which every task reads): the
-    one statement that TaskConfig's refusals and the sweep checks (study.config.reads) use.
+    one statement that TaskConfig's refusals and the sweep checks (study.config.reads) use. vote(cfg, preds, conf,
+    difficulty): a task scored per pooled answer rather than per sample (ARC): {difficulty or None: {column: value}}
+    for the depth rows' VOTE_COLUMNS.
     """
 
     name: str
@@ -82,6 +85,7 @@ class TaskDef:
     load_csv: Callable[[str, TaskConfig, int | None], Split] | None = None
     free_cells: Callable[[Split], np.ndarray] = lambda split: split.labels != IGNORE
     reads: tuple[str, ...] = ()
+    vote: Callable[[TaskConfig, np.ndarray, np.ndarray, np.ndarray], dict] | None = None
 
     @property
     def reads_csv(self) -> bool:
