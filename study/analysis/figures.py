@@ -60,9 +60,11 @@ class Style:
 
 
 def _bands(ax, lf: pl.LazyFrame, x: str, value: str, empty: str | None = None,
-           limits: tuple[float, float] = (-math.inf, math.inf), alpha: float = 0.2, style: Style | None = None) -> None:
+           limits: tuple[float, float] = (-math.inf, math.inf), alpha: float = 0.2, style: Style | None = None,
+           linestyle: str = "-", label: bool = True) -> None:
     """One line per setting: the mean of `value` over seeds against `x`, with its 95% CI as a band (clipped to
-    the value's range: an accuracy's band stops at 1)."""
+    the value's range: an accuracy's band stops at 1). label False: a second series of the same settings, kept out
+    of the legend."""
     df = aggregate(lf, ["setting", x], [value])
     if df.height == 0 and empty:
         raise AnalysisError(empty)
@@ -71,7 +73,8 @@ def _bands(ax, lf: pl.LazyFrame, x: str, value: str, empty: str | None = None,
         g = g.sort(x)
         xs, mean = g[x].to_list(), g[f"{value}_mean"].to_list()
         ci = [c or 0.0 for c in g[f"{value}_ci95"].to_list()]
-        line, = ax.plot(xs, mean, marker="o", ms=3, label=setting, color=style.color(setting))
+        line, = ax.plot(xs, mean, marker="o", ms=3, label=setting if label else None, color=style.color(setting),
+                        linestyle=linestyle)
         lo, hi = limits
         ax.fill_between(xs, [max(lo, m - c) for m, c in zip(mean, ci)], [min(hi, m + c) for m, c in zip(mean, ci)],
                         alpha=alpha, color=line.get_color(), linewidth=0)
@@ -109,6 +112,10 @@ def fig_depth(ctx: Context, ax, style: Style | None = None) -> None:
     lf = overall(ctx.table("depth_eval"))
     value, ylabel = ctx.headline
     _bands(ax, lf, "depth_layers", value, limits=(0.0, 1.0), style=style)
+    if ctx.pooled:  # ARC: beside pass@2 (zero for long at small scale) the per-cell accuracy of every version, dashed
+        same = dataclasses.replace(style, colors={line.get_label(): line.get_color() for line in ax.get_lines()})
+        _bands(ax, lf, "depth_layers", "cell_acc", limits=(0.0, 1.0), style=same, linestyle="--", label=False)
+        ylabel = f"{ylabel}; dashed: cell accuracy"
     measured = sorted(lf.select("depth_layers").unique().collect()["depth_layers"].to_list())
     # the published readings are on Sudoku-Extreme: beside sudoku studies only, and inside the measured range
     # unless asked for (--paper), so 24,960-layer markers never squash a study read to 192 layers
@@ -134,7 +141,11 @@ def fig_difficulty(ctx: Context, ax, style: Style | None = None) -> None:
         raise AnalysisError("one difficulty only: nothing to compare")
     value, ylabel = ctx.headline
     _bands(ax, lf, "difficulty", value, limits=(0.0, 1.0), style=style)
-    _integer_x(ax)
+    if ctx.pooled:  # ARC's size classes are powers of two
+        _plain_log_ticks(ax, sorted(lf.select("difficulty").unique().collect()["difficulty"].to_list()), base=2)
+    else:
+        _integer_x(ax)
+    ax.set_ylim(-0.02, 1.02)
     what = "output cells, rounded up to a power of 2" if ctx.pooled else "blanks / path length"
     _labels(ax, "Accuracy by difficulty", f"difficulty ({what})", f"{ylabel} at deepest depth")
 
@@ -167,7 +178,8 @@ def fig_overthinking(ctx: Context, ax, style: Style | None = None) -> None:
     if not reads_past_training(ctx):
         raise AnalysisError("no reading past the training depth: nothing to show about overthinking")
     lf = overall(with_depth_multiple(ctx, ctx.table("depth_eval")))
-    _bands(ax, lf, "depth_x", "exact_acc", limits=(0.0, 1.0), alpha=0.1, style=style)
+    value, ylabel = ctx.headline
+    _bands(ax, lf, "depth_x", value, limits=(0.0, 1.0), alpha=0.1, style=style)
     markers = iter("v^s<>D")
     for (method,), g in published_for("overthinking", study_task(ctx.trials)).group_by("method",
                                                                                        maintain_order=True):
@@ -179,7 +191,7 @@ def fig_overthinking(ctx: Context, ax, style: Style | None = None) -> None:
     _plain_log_ticks(ax, xs if len(xs) <= 8 else nice, base=10)
     ax.set_ylim(-0.02, 1.02)
     _labels(ax, "Overthinking: accuracy past the training depth", "test-time depth / training depth",
-            "exact accuracy (all test lengths)")
+            ylabel if ctx.pooled else f"{ylabel} (all test lengths)")
 
 
 def fig_perturbation(ctx: Context, ax, style: Style | None = None) -> None:

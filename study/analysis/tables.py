@@ -119,9 +119,10 @@ class Context:
 
     @property
     def accuracy(self) -> list[str]:
-        """The accuracy columns its tables show: ARC's pass@k (per puzzle, per test input) beside exact_acc, else
-        exact and cell accuracy."""
-        return ["puzzle_pass_at_2", "pass_at_2", "pass_at_1", "exact_acc"] if self.pooled else ["exact_acc", "cell_acc"]
+        """The accuracy columns its tables show: exact and cell accuracy, after ARC's pass@k (per puzzle, per test
+        input)."""
+        pooled = ["puzzle_pass_at_2", "pass_at_2", "pass_at_1"] if self.pooled else []
+        return [*pooled, "exact_acc", "cell_acc"]
 
     @property
     def headline(self) -> tuple[str, str]:
@@ -203,7 +204,7 @@ def t_overthinking(ctx: Context) -> pl.DataFrame:
     """Accuracy against test-time depth as a multiple of training depth (depth_x), per setting and test
     difficulty (a prefix-sum length, a maze side; null: all): overthinking is accuracy falling as depth_x grows."""
     lf = with_depth_multiple(ctx, ctx.table("depth_eval"))
-    return aggregate(lf, ["setting", "difficulty", "depth_x"], ["exact_acc"])
+    return aggregate(lf, ["setting", "difficulty", "depth_x"], [ctx.headline[0]])
 
 
 def t_retention(ctx: Context) -> pl.DataFrame:
@@ -212,7 +213,7 @@ def t_retention(ctx: Context) -> pl.DataFrame:
     ratio (retained_10x; <= 0.5 is losing at least half the peak; undefined for a trial that never solved
     anything) and the accuracy at the deepest reading (deepest_x times the training depth)."""
     lf = with_depth_multiple(ctx, overall(ctx.table("depth_eval")))
-    acc = pl.col("exact_acc")
+    acc = pl.col(ctx.headline[0])
     per_trial = lf.group_by("trial_id", "setting").agg(
         acc.max().alias("peak"), acc.filter(pl.col("depth_x") == 10).first().alias("at_10x"),
         acc.sort_by("depth_layers").last().alias("deepest"), pl.col("depth_x").max().alias("deepest_x"),
@@ -248,7 +249,7 @@ def t_optuna(ctx: Context) -> pl.DataFrame:
 
 TABLES: dict[str, tuple[Callable[[Context], pl.DataFrame], str | None]] = {
     "depth": (t_depth, "depth"),
-    "final": (t_final, None),
+    "final": (t_final, "main"),
     "placement": (t_final, "placement"),
     "beta": (t_final, "beta"),
     "scaling": (t_final, "scaling"),

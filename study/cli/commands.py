@@ -40,10 +40,16 @@ def cmd_trial(args: argparse.Namespace) -> int:
 
 
 def format_depth_rows(rows) -> str:
-    head = f"{'depth_layers':>12} {'cycles':>7} {'exact_acc':>9} {'cell_acc':>9} {'halted':>7} {'eff_layers':>10}"
+    """The overall depth rows as a terminal table; ARC's pooled pass@2 (per puzzle, per test input) leads when read."""
+    overall = sorted((r for r in rows if r.difficulty is None), key=lambda r: r.depth_layers)
+    pooled = any(r.puzzle_pass_at_2 is not None for r in overall)
+    passes = f"{'pass@2/puzzle':>13} {'pass@2':>7} {'pass@1':>7} " if pooled else ""
+    head = (f"{'depth_layers':>12} {'cycles':>7} {passes}"
+            f"{'exact_acc':>9} {'cell_acc':>9} {'halted':>7} {'eff_layers':>10}")
     lines = [head, "-" * len(head)]
-    for r in sorted((r for r in rows if r.difficulty is None), key=lambda r: r.depth_layers):
-        lines.append(f"{r.depth_layers:12d} {r.outer_cycles:7d} {r.exact_acc:9.3f} {r.cell_acc:9.3f} "
+    for r in overall:
+        passes = f"{r.puzzle_pass_at_2:13.3f} {r.pass_at_2:7.3f} {r.pass_at_1:7.3f} " if pooled else ""
+        lines.append(f"{r.depth_layers:12d} {r.outer_cycles:7d} {passes}{r.exact_acc:9.3f} {r.cell_acc:9.3f} "
                      f"{r.halted_frac:7.2f} {r.eff_layers:10.0f}")
     return "\n".join(lines)
 

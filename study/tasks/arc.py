@@ -100,6 +100,7 @@ def _pairs(examples: list[dict]) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
                  for ex in examples)
 
 
+@functools.lru_cache(maxsize=8)
 def puzzles(dataset: str, canvas: int, n_train: int, n_eval: int) -> tuple[Puzzle, ...]:
     """The puzzles a study uses, in a fixed order (role, then id): those whose grids fit the canvas, the first
     n_train of the training set and n_eval of the evaluation set."""
@@ -351,6 +352,11 @@ def check_config(cfg) -> None:
                          "puzzle; a smaller canvas keeps only the puzzles whose grids all fit)")
     if cfg.n_aug is not None and not 1 <= cfg.n_aug <= 100_000:
         raise ValueError(f"task.n_aug={cfg.n_aug}: allowed 1..100000 versions per puzzle")
+    kept = puzzles(setting(cfg, "dataset"), cfg.size, cfg.n_train, cfg.n_test)
+    for role, key in (("train", "n_train"), ("eval", "n_test")):
+        if not any(p.role == role for p in kept):
+            raise ValueError(f"no ARC {role} puzzle fits a {cfg.size}x{cfg.size} canvas (task.{key}="
+                             f"{getattr(cfg, key)}); raise task.size (30 holds every puzzle)")
 
 
 def free_cells(split: Split) -> np.ndarray:
