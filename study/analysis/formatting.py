@@ -12,11 +12,14 @@ from study.analysis import AnalysisError
 from study.metrics import FORMATS
 
 
-def widen(df: pl.DataFrame, metric: str = "exact_acc") -> pl.DataFrame:
-    """The papers' layout: one column per setting holding `metric` as 'mean +- 95% CI' (paper rows: the number).
+def widen(df: pl.DataFrame, metric: str | None = None) -> pl.DataFrame:
+    """The papers' layout: one column per setting holding `metric` as 'mean +- 95% CI' (paper rows: the number);
+    metric None: the table's first (its headline: exact_acc, ARC's pass@2 per puzzle).
 
     Rows are the table's other group columns (e.g. depth_layers); the std, n and source columns are dropped.
     """
+    if metric is None:
+        metric = next(c.removesuffix("_mean") for c in df.columns if c.endswith("_mean"))
     if f"{metric}_mean" not in df.columns:
         metrics = sorted(c.removesuffix("_mean") for c in df.columns if c.endswith("_mean"))
         raise AnalysisError(f"no metric {metric!r} in this table; metrics: {', '.join(metrics)}")

@@ -7,6 +7,8 @@ every refusal of bad input, from any command, ends as one `loopstudy: ...` line 
 from __future__ import annotations
 
 import errno
+import os
+import sys
 
 from study.cli.parser import build_parser
 from study.console import eprint
@@ -57,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     except TrainingError as e:
         eprint(f"loopstudy: {e}")
         return 1
+    except BrokenPipeError:  # `loopstudy table ... | head`: the reader has what it wanted; stay quiet, as cat does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes stdout
+        return 141
     except OSError as e:  # the disk, the file system or an object store said no: say which, and what it means
         eprint(f"loopstudy: {os_error_line(e)}")
         return 2

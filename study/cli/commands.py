@@ -168,8 +168,8 @@ def cmd_table(args: argparse.Namespace) -> int:
 
     df = build_table(_store(args.store), args.study, args.kind, paper=args.paper, skip_bad=args.skip_bad,
                      include_stale=args.all)
-    if args.wide:
-        df = widen(df, args.wide)
+    if args.wide is not None:
+        df = widen(df, args.wide or None)
     print(format_table(df, args.format))
     return 0
 

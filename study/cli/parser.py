@@ -180,8 +180,9 @@ def add_tables(sub, parent: argparse.ArgumentParser) -> None:
     add_all(tb)
     add_format(tb)
     tb.add_argument("--paper", action="store_true", help="add the published rows, labelled [paper]")
-    tb.add_argument("--wide", nargs="?", const="exact_acc", metavar="METRIC",
-                    help="one column per setting with METRIC's 'mean ± 95%% CI' over seeds (default: exact_acc)")
+    tb.add_argument("--wide", nargs="?", const="", metavar="METRIC",
+                    help="one column per setting with METRIC's 'mean ± 95%% CI' over seeds (default: the table's "
+                         "first metric: exact_acc, or pass@2 per puzzle for ARC)")
     tb.set_defaults(func=cmd.cmd_table)
 
     pl_ = sub.add_parser("plot", parents=[parent], help="figures (PNG and PDF) from stored Parquet",
