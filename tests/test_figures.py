@@ -17,14 +17,15 @@ def write_study(store, study, settings, *, task="sudoku", difficulties=(8, 9), h
         cfg = to_dict(TrialConfig(label=label))
         cfg["task"]["name"] = task
         cfg["task"]["size"] = 9  # 9x9 sudoku is Sudoku-Extreme's task: the papers' markers may join
-        cfg["model"]["halting"]["enabled"] = halting
+        halts = halting if isinstance(halting, bool) else label in halting  # all, none, or the settings named
+        cfg["model"]["halting"]["enabled"] = halts
         tid = f"t{i:02d}"
         rows = []
         for d in depths:
             for diff in (None, *difficulties):
                 rows.append({"depth_layers": d, "outer_cycles": d // 6, "difficulty": diff, "n": 10,
-                             "exact_acc": 0.1 + 0.05 * i, "cell_acc": 0.9, "halted_frac": 0.5 * halting,
-                             "eff_layers": d * (0.5 if halting else 1.0)})
+                             "exact_acc": 0.1 + 0.05 * i, "cell_acc": 0.9, "halted_frac": 0.5 * halts,
+                             "eff_layers": d * (0.5 if halts else 1.0)})
         store.write("depth_eval", study, tid, rows)
         store.write("perturbation", study, tid, [{"eps": e, "update": 4, "updates_after": k, "n_solved": 5,
                                                   "solved_kept": 1.0 - e, "rel_distance": e}
@@ -91,6 +92,18 @@ def test_each_study_gets_only_the_figures_it_has_data_for(tmp_path):
     assert "plain_eff_layers" not in plain and "plain_difficulty" not in plain and "plain_depth" in plain
     assert {"halts_eff_layers", "halts_difficulty"} <= halts
     assert "plain_gamma" not in plain  # no InfiLoop dynamics were stored
+
+
+def test_effective_layers_are_drawn_for_the_settings_that_halt_only(tmp_path):
+    store = Store(tmp_path / "r")
+    write_study(store, "mixed", ["runs_all", "halts"], halting={"halts"}, depths=(48, 24960))
+    fig = figures.draw(tables.load_context(store, "mixed"), "eff_layers", figures.Style())
+    try:
+        ax = fig.axes[0]
+        assert [t.get_text() for t in ax.get_legend().get_texts()] == ["halts"]
+        assert ax.get_ylim()[1] < 24960  # the setting that runs every layer does not set the scale
+    finally:
+        plt.close(fig)
 
 
 def test_deep_thinking_curves_only_beside_their_own_task(tmp_path):

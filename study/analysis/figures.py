@@ -33,6 +33,7 @@ from study.analysis.tables import (  # noqa: E402
     aggregate,
     deepest,
     halting_evaluated,
+    halts,
     load_context,
     overall,
     reads_past_training,
@@ -169,9 +170,12 @@ def fig_score(ctx: Context, ax, style: Style | None = None) -> None:
 def fig_eff_layers(ctx: Context, ax, style: Style | None = None) -> None:
     if not halting_evaluated(ctx):
         raise AnalysisError("no trial halts at test time: every sample runs every layer")
-    _bands(ax, _by_difficulty(ctx), "difficulty", "eff_layers", style=style)
+    # only the settings that halt: the others run every layer of the deepest reading, a flat line far above
+    halting = dataclasses.replace(ctx, trials=ctx.trials.filter(halts(ctx)))
+    _bands(ax, _by_difficulty(halting), "difficulty", "eff_layers", style=style)
     _integer_x(ax)
-    _labels(ax, "Effective layers vs difficulty", "difficulty (blanks / path length)", "effective layers")
+    _labels(ax, "Effective layers vs difficulty (settings that halt)", "difficulty (blanks / path length)",
+            "effective layers at the deepest reading")
 
 
 def fig_overthinking(ctx: Context, ax, style: Style | None = None) -> None:
@@ -190,8 +194,10 @@ def fig_overthinking(ctx: Context, ax, style: Style | None = None) -> None:
     nice = [v for v in (0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100, 200) if xs[0] <= v <= xs[-1] * 1.01]
     _plain_log_ticks(ax, xs if len(xs) <= 8 else nice, base=10)
     ax.set_ylim(-0.02, 1.02)
+    lengths = [c for c in ("task.test_lengths", "task.test_size") if c in ctx.trials.columns
+               and ctx.trials[c].is_not_null().any()]  # an extrapolation study: its accuracy spans every test size
     _labels(ax, "Overthinking: accuracy past the training depth", "test-time depth / training depth",
-            ylabel if ctx.pooled else f"{ylabel} (all test lengths)")
+            f"{ylabel} (all test sizes)" if lengths else ylabel)
 
 
 def fig_perturbation(ctx: Context, ax, style: Style | None = None) -> None:

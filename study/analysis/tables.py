@@ -287,12 +287,17 @@ def _varies(ctx: Context, *cols: str) -> bool:
     return any(c in ctx.trials.columns and ctx.trials[c].cast(pl.String).n_unique() > 1 for c in cols)
 
 
-def halting_evaluated(ctx: Context) -> bool:
-    """Whether any trial of the study halted samples at test time (eval.halting, else model.halting.enabled)."""
+def halts(ctx: Context) -> pl.Expr:
+    """Per trial: whether it halted samples at test time (eval.halting, else model.halting.enabled)."""
     on = pl.col("model.halting.enabled").fill_null(False)
     if "eval.halting" in ctx.trials.columns:
         on = pl.when(pl.col("eval.halting").is_not_null()).then(pl.col("eval.halting")).otherwise(on)
-    return bool(ctx.trials.select(on.any()).item())
+    return on
+
+
+def halting_evaluated(ctx: Context) -> bool:
+    """Whether any trial of the study halted samples at test time."""
+    return bool(ctx.trials.select(halts(ctx).any()).item())
 
 
 def reads_past_training(ctx: Context) -> bool:
