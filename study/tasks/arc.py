@@ -226,28 +226,28 @@ def training_pairs(cat: Catalogue):
 def generate_split(cfg, which: str, n: int, seed: int) -> Split:
     """'train': every trained pair once, at offset 0, its puzzle *index* in the id column (`augment` picks a
     version and an offset per draw). 'test': every version of every evaluation test input, at offset 0, with the
-    version's puzzle id (task.puzzle_embedding none: 0; random: a random id of the study's)."""
+    version's puzzle id (task.puzzle_embedding none: 0; random: a random id of the study's). n and seed are
+    unused: task.n_train / n_test cap the puzzles (catalogue_of), task.data_seed draws the versions."""
     cat = catalogue_of(cfg)
-    rows = []
     if which == "train":
-        for q, inp, out in training_pairs(cat):
-            rows.append((*_row(inp, out, cfg.size, q), size_class(out)))
+        pairs = [(q, inp, out) for q, inp, out in training_pairs(cat)]
     else:
         mode = setting(cfg, "puzzle_embedding")
         rng = np.random.default_rng([cfg.data_seed, 7])
+        pairs = []
         for t in evaluation_rows(cat):
             v = cat.versions[t.puzzle][t.version]
             pid = {"learned": cat.first_id[t.puzzle] + t.version, "none": 0,
                    "random": int(rng.integers(max(cat.n_ids, 1)))}[mode]
-            rows.append((*_row(v.apply(t.input), v.apply(t.output), cfg.size, pid), size_class(t.output)))
-    if not rows:
-        raise ValueError(f"no ARC {which} pairs fit a {cfg.size}x{cfg.size} canvas with task.n_train={cfg.n_train}, "
-                         f"task.n_test={cfg.n_test}; raise task.size (30 holds every puzzle)")
-    # the test set is every version of every test input (385,465 rows for ARC-AGI-1 at n_aug 1000): int32 halves
-    # it; training batches are rebuilt as int64 by `augment`
+            pairs.append((pid, v.apply(t.input), v.apply(t.output)))
+    # filled in place: the test set is every version of every test input (385,465 rows of 901 for ARC-AGI-1 at
+    # n_aug 1000), held as int32 (2.65 GB); training batches are rebuilt as int64 by `augment`
     dtype = np.int64 if which == "train" else np.int32
-    return Split(np.stack([r[0] for r in rows]).astype(dtype), np.stack([r[1] for r in rows]).astype(dtype),
-                 np.asarray([r[2] for r in rows], dtype=np.int64))
+    inputs = np.empty((len(pairs), cfg.size * cfg.size + 1), dtype)
+    labels = np.empty_like(inputs)
+    for i, (pid, inp, out) in enumerate(pairs):
+        inputs[i], labels[i] = _row(inp, out, cfg.size, pid)
+    return Split(inputs, labels, np.asarray([size_class(out) for _, _, out in pairs], dtype=np.int64))
 
 
 def augment(batch: Split, cfg, rng: np.random.Generator) -> Split:
