@@ -104,7 +104,8 @@ def report(store: Store, study: str, out: str | Path | None = None, skip_bad: bo
                      "<p>No saved spec (trials written by <code>loopstudy trial</code>).</p>"))
 
     trials = ctx.trials.sort("trial_id")
-    summary = [c for c in (*METRICS, "wall_s", "device") if c in trials.columns]
+    summary = [c for c in (*METRICS, "wall_s", "device")  # (a metric no trial has, ARC's pass@2 elsewhere: left out)
+               if c in trials.columns and trials[c].is_not_null().any()]
     overview = trials.select(["trial_id", "setting", *[c for c in ctx.axes if c != "label"], "seed", *summary])
     configs = "".join(
         f"<details><summary>{html.escape(r['trial_id'])}</summary>"

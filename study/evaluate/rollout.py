@@ -93,8 +93,9 @@ class _Reader:
             # (a copy: on the CPU .numpy() shares memory, and best_pred changes in place afterwards)
             pred = self.best_pred.clone() if plan.readout == "max_conf" else logits.argmax(-1)
             conf = self.best_conf.clone() if plan.readout == "max_conf" else self.confidence(logits)
+            # int16 (every vocab fits): a reading per depth of every test row is held until the table is built
             self.readings[plan.target_steps[self.step]] = Reading(
-                self.full(pred.cpu().numpy()), state.halt.halted.cpu().numpy(),
+                self.full(pred.to(torch.int16).cpu().numpy()), state.halt.halted.cpu().numpy(),
                 state.halt.eff_layers.float().cpu().numpy(), conf.float().cpu().numpy())
         if traced:
             self.trace(state, logits)
