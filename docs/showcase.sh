@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# The CPU showcase (README "Results"): five studies on the embedded Ray, then the tables and figures the README
-# shows, regenerated from the stored Parquet alone. About two hours on 2 cores (the depth study is 35 minutes of it,
-# the overthinking study 47).
+# The CPU showcase (README "Results"): six studies on the embedded Ray, then the tables and figures the README
+# shows, regenerated from the stored Parquet alone. About two and a half hours on 2 cores (the depth study is 35
+# minutes of it, the overthinking study 47, ARC's 10x10 subset 26).
 # Interrupted? Run it again: trials complete in storage are skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STORE=${STORE:-results/showcase}
-for spec in depth_scaling axis_placement beta_init halting_tau overthinking; do
+for spec in depth_scaling axis_placement beta_init halting_tau overthinking arc_small; do
   loopstudy run "search_spaces/cpu/$spec.yaml" --store "$STORE" --no-plot
 done
-loopstudy table depth --study cpu_depth_scaling --store "$STORE" --paper --wide --format markdown
+loopstudy table depth --study cpu_depth_scaling --store "$STORE" --wide --format markdown
 loopstudy table halting --study cpu_depth_scaling --store "$STORE" --format markdown
 loopstudy table stability --study cpu_depth_scaling --store "$STORE" --format markdown
 loopstudy table perturbation --study cpu_depth_scaling --store "$STORE" --format markdown
@@ -21,3 +21,6 @@ loopstudy plot depth --study cpu_depth_scaling --store "$STORE" --figures docs/f
 loopstudy table retention --study cpu_overthinking --store "$STORE" --format markdown
 loopstudy table overthinking --study cpu_overthinking --store "$STORE" --paper --wide --format markdown
 loopstudy plot overthinking --study cpu_overthinking --store "$STORE" --figures docs/figures  # the README's figure
+loopstudy table depth --study cpu_arc_small --store "$STORE" --wide --format markdown  # pass@2 per puzzle
+loopstudy table depth --study cpu_arc_small --store "$STORE" --wide cell_acc --format markdown
+loopstudy plot depth --study cpu_arc_small --store "$STORE" --figures docs/figures  # the README's figure
