@@ -14,14 +14,18 @@ from typing import Literal
 @dataclass(frozen=True)
 class Metric:
     """name: column of the trials table. mode: which way is better. searchable: Optuna may optimise it (known
-    once evaluation ends; the training loss is not a goal). help: one line for --help. every_task: False for a
-    metric only some tasks have (ARC's pass@2), null in the others' rows."""
+    once evaluation ends; the training loss is not a goal). help: one line for --help. task: the one task that
+    has it (ARC's pass@2; null in the other tasks' rows), None: every task."""
 
     name: str
     mode: Literal["max", "min"]
     searchable: bool
     help: str
-    every_task: bool = True
+    task: str | None = None
+
+    @property
+    def every_task(self) -> bool:
+        return self.task is None
 
 
 METRICS: dict[str, Metric] = {m.name: m for m in (
@@ -30,7 +34,7 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
     Metric("final_train_loss", "min", False, "training loss at the last logged step"),
     Metric("final_cell_acc", "max", True, "cell accuracy at the deepest test-time depth"),
     Metric("final_pass_at_2", "max", True, "ARC: pass@2 per puzzle (the papers' count) at the deepest depth",
-           every_task=False),
+           task="arc"),
 )}
 
 SEARCH_METRICS = tuple(n for n, m in METRICS.items() if m.searchable)  # sweep.optuna.metric

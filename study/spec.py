@@ -41,6 +41,7 @@ from study.config import (
     yamltext,
 )
 from study.config.reads import unread, unread_fields
+from study.metrics import DEFAULT_METRIC, METRICS
 from study.optuna_storage import check_location, storage_location
 from study.paths import is_uri
 from study.spec_schema import OptunaParam, StudySpec, SweepSpec
@@ -205,6 +206,7 @@ def study_from_data(data: dict[str, Any], source: str) -> Study:
         checked = [build_trial(_with(base, {**sample, "seed": sweep.seeds[0]}, source),
                                f"{source} (optuna space point {sample})") for sample in samples]
         check_data(checked, source)
+        check_metric_applies(sweep.optuna.metric, checked, source)
         return study
     seen = set()
     points = grid_points(sweep)
@@ -222,6 +224,15 @@ def study_from_data(data: dict[str, Any], source: str) -> Study:
     check_sweep_reads(points, configs, source)
     check_data(study.trials, source)
     return study
+
+
+def check_metric_applies(metric: str, configs: list[TrialConfig], source: str) -> None:
+    """A search's metric must be one every trial reports (ARC's pass@2 exists for task arc only)."""
+    task = METRICS[metric].task
+    other = next((c.task.name for c in configs if task and c.task.name != task), None)
+    if other:
+        raise ConfigError(f"{source}: sweep.optuna.metric {metric} is task {task}'s only; this search's task is "
+                          f"{other!r}: use {DEFAULT_METRIC}")
 
 
 def check_sweep_reads(points: list[dict[str, Any]], configs: list[TrialConfig], source: str) -> None:

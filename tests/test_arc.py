@@ -226,3 +226,14 @@ def test_published_arc_rows_join_only_a_study_of_the_whole_benchmark(tmp_path):
     assert set(paper["setting"]) >= {"InfiLoop [paper, ARC-AGI-2]", "FPRM [paper, ARC-AGI-2]"}
     assert paper.filter(pl.col("setting") == "InfiLoop [paper, ARC-AGI-2]")["puzzle_pass_at_2_mean"].item() == 0.136
     assert tables.build_table(store, "subset", "final", paper=True).height == 1  # a 10x10 subset: measured only
+
+
+def test_a_search_for_arcs_pass_at_2_on_another_task_is_refused(tmp_path):
+    from study.config import ConfigError
+    from study.spec import study_from_data
+
+    spec = {"name": "s", "task": {"name": "sudoku", "size": 4},
+            "sweep": {"optuna": {"metric": "final_pass_at_2", "num_samples": 2,
+                                 "space": {"train.lr": {"type": "loguniform", "low": 1e-3, "high": 1e-2}}}}}
+    with pytest.raises(ConfigError, match="final_pass_at_2 is task arc's only.*'sudoku': use final_exact_acc"):
+        study_from_data(spec, "s.yaml")
