@@ -13,8 +13,8 @@ loopstudy table depth --study cpu_depth_scaling --store "$STORE" --wide --format
 loopstudy table halting --study cpu_depth_scaling --store "$STORE" --format markdown
 loopstudy table stability --study cpu_depth_scaling --store "$STORE" --format markdown
 loopstudy table perturbation --study cpu_depth_scaling --store "$STORE" --format markdown
-loopstudy table placement --study cpu_axis_placement --store "$STORE" --paper --format markdown
-loopstudy table beta --study cpu_beta_init --store "$STORE" --paper --format markdown
+loopstudy table placement --study cpu_axis_placement --store "$STORE" --format markdown
+loopstudy table beta --study cpu_beta_init --store "$STORE" --format markdown
 loopstudy table halting --study cpu_halting_tau --store "$STORE" --format markdown
 loopstudy plot all --study cpu_depth_scaling --store "$STORE" --figures "$STORE/figures"
 loopstudy plot depth --study cpu_depth_scaling --store "$STORE" --figures docs/figures  # the README's figure
