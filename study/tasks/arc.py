@@ -155,6 +155,11 @@ class Catalogue:
     def n_ids(self) -> int:
         return self.first_id[-1] + len(self.versions[-1]) if self.puzzles else 0
 
+    @functools.cached_property
+    def test_rows(self) -> list[EvalRow]:
+        """The test set's rows in order (evaluation_rows), built once: `vote` reads them at every depth."""
+        return evaluation_rows(self)
+
 
 @functools.lru_cache(maxsize=8)  # a pure function of its arguments, built once per process
 def catalogue(dataset: str, canvas: int, n_train: int, n_eval: int, n_aug: int, seed: int) -> Catalogue:
@@ -235,7 +240,7 @@ def generate_split(cfg, which: str, n: int, seed: int) -> Split:
         mode = setting(cfg, "puzzle_embedding")
         rng = np.random.default_rng([cfg.data_seed, 7])
         pairs = []
-        for t in evaluation_rows(cat):
+        for t in cat.test_rows:
             v = cat.versions[t.puzzle][t.version]
             pid = {"learned": cat.first_id[t.puzzle] + t.version, "none": 0,
                    "random": int(rng.integers(max(cat.n_ids, 1)))}[mode]
@@ -307,7 +312,7 @@ def vote(cfg, preds: np.ndarray, conf: np.ndarray, difficulty: np.ndarray) -> di
     passed; the mean over puzzles).
     """
     cat = catalogue_of(cfg)
-    index = evaluation_rows(cat)[: len(preds)]
+    index = cat.test_rows[: len(preds)]
     pools: dict[int, dict[bytes, list]] = defaultdict(dict)
     truth, puzzle_of, diff_of = {}, {}, {}
     for row, t in enumerate(index):
@@ -366,7 +371,7 @@ def free_cells(split: Split) -> np.ndarray:
 def data_cost(cfg) -> str:
     """The augmented data's size in words (README / methods.md: what 1000 augmentations cost)."""
     cat = catalogue_of(cfg)
-    n_test = len(evaluation_rows(cat))
+    n_test = len(cat.test_rows)
     S = cfg.size * cfg.size + 1
     return (f"{len(cat.puzzles)} puzzles, {cat.n_ids:,} puzzle ids; test set {n_test:,} rows = "
             f"{2 * n_test * S * 4 / 2**20:,.0f} MiB (inputs + labels, int32)")
