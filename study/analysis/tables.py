@@ -8,7 +8,6 @@ placement=both"); with paper=True the published rows join as setting "<method> [
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import re
 from collections.abc import Callable
@@ -101,6 +100,7 @@ class Context:
     skip_bad: bool = False
     include_stale: bool = False
     members: Membership | None = None  # the study's trials by kind, read once per context
+    pooled: bool = False  # its depth rows hold pooled answers' pass@k (ARC): pass@2 is the headline (read once)
 
     @property
     def value_axes(self) -> list[str]:
@@ -110,12 +110,6 @@ class Context:
     def table(self, name: str) -> pl.LazyFrame:
         meta = self.trials.select(["trial_id", "setting", *self.axes]).lazy()
         return self.store.scan(name, self.study, self.skip_bad).join(meta, on="trial_id", how="inner")
-
-    @functools.cached_property
-    def pooled(self) -> bool:
-        """Whether the study's depth rows hold pooled answers' pass@k (ARC): then pass@2 is its headline."""
-        col = "puzzle_pass_at_2"
-        return bool(self.table("depth_eval").select(pl.col(col).is_not_null().any()).collect().item())
 
     @property
     def accuracy(self) -> list[str]:
@@ -148,7 +142,9 @@ def load_context(store: Store, study: str, skip_bad: bool = False, include_stale
         raise AnalysisError(f"study {study!r} has no completed trials yet in {store.uri} "
                             "(run `loopstudy status` to see what is pending)")
     axes = varying_columns(df)
-    return Context(store, study, with_setting(df, axes), axes, skip_bad, include_stale, members)
+    ctx = Context(store, study, with_setting(df, axes), axes, skip_bad, include_stale, members)
+    pooled = ctx.table("depth_eval").select(pl.col("puzzle_pass_at_2").is_not_null().any()).collect().item()
+    return dataclasses.replace(ctx, pooled=bool(pooled))
 
 
 def overall(lf: pl.LazyFrame) -> pl.LazyFrame:
