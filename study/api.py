@@ -9,6 +9,7 @@ commands it shares its code with.
     depth = res.frame("depth_eval", "smoke")       # LazyFrame: depth rows + "model.carry.rule", "seed", ...
     depth.filter(pl.col("difficulty").is_null()).group_by("model.carry.rule", "depth_layers").agg(pl.mean("exact_acc"))
     res.table("depth", "smoke", paper=True)        # the `loopstudy table depth` DataFrame
+    res.evaluations("smoke")                       # every reading of each trained trial's stored weights
     res.figures("smoke", out="figures")            # PNG + PDF files, as `loopstudy plot all`
 """
 
@@ -22,8 +23,8 @@ from study.analysis.figures import plot
 from study.analysis.formatting import widen
 from study.analysis.importance import importance
 from study.analysis.report import report
-from study.analysis.tables import build_table, config_columns, list_studies, sql
-from study.metrics import DEFAULT_METRIC
+from study.analysis.tables import build_table, config_columns, list_studies, load_context, sql
+from study.metrics import DEFAULT_METRIC, METRICS
 from study.store import TABLES, Store
 
 
@@ -57,6 +58,19 @@ class Results:
         trials = self.trials(study)
         cols = config_columns(pl.DataFrame(schema=trials.collect_schema()))
         return lf.join(trials.select(["study", "trial_id", *cols]), on=["study", "trial_id"], how="left")
+
+    def evaluations(self, study: str) -> pl.DataFrame:
+        """Every evaluation of the study's trained trials (loopstudy evaluate, and the spec's eval-only variants):
+        one row per reading, its setting (named by what differs), the trained trial whose weights it read and at
+        which training step, its eval_id and its final metrics; the trained trials themselves first."""
+        ctx = load_context(self.store, study, self.skip_bad, self.include_stale)
+        every = pl.concat([ctx.trials, ctx.checkpoints], how="diagonal_relaxed") if ctx.checkpoints is not None \
+            else ctx.trials
+        metrics = [m for m in METRICS if m in every.columns and every[m].is_not_null().any()]
+        return every.select(
+            "trial_id", "setting", "seed", pl.coalesce("weights_of", "trial_id").alias("trained_trial"),
+            "weights_step", "eval_id", *metrics, "wall_s",
+        ).sort("trained_trial", pl.col("trial_id") != pl.col("trained_trial"), "weights_step", "setting")
 
     def table(self, kind: str, study: str, paper: bool = False, wide: str | None = None) -> pl.DataFrame:
         """An ablation table, as `loopstudy table KIND --study STUDY [--paper] [--wide METRIC]` prints it."""

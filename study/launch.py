@@ -11,7 +11,6 @@ a dead driver's study (Tuner.restore) and submits studies as Ray Jobs; study.pro
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import os
 import shlex
@@ -21,8 +20,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from study.config import ConfigError, to_dict, trial_id
+from study.config import ConfigError, trial_id
 from study.console import eprint
+from study.evaluations import WorkItem, pending_work, plan_readings, plan_work, reads_line
 from study.metrics import DEFAULT_METRIC
 from study.optuna_storage import OptunaStudy, prepare
 from study.paths import is_uri, machine_cache, resolve_root
@@ -83,8 +83,8 @@ def storage_root(study: Study, override: str | None) -> str:
 
 
 # -- running -----------------------------------------------------------------------------------------------------------
-def param_space(study: Study, root: str, pending: list, threads: int) -> dict[str, Any]:
-    """Tune's param space: what every trial gets, plus the pending configs (grid) or the Optuna space on the base.
+def param_space(study: Study, root: str, work: list[WorkItem], threads: int) -> dict[str, Any]:
+    """Tune's param space: what every trial gets, plus the pending work (grid) or the Optuna space on the base.
     Built again by resume_study: Tune's saved state does not keep the param space."""
     from ray import tune
 
@@ -103,11 +103,13 @@ def param_space(study: Study, root: str, pending: list, threads: int) -> dict[st
     # copies for free where a nested dict is walked: dicts cost O(N^2) (51 s of driver time before the first of 400
     # trials started). Handing configs over by id through tune.with_parameters was no better: each trial then
     # fetched all N configs (per-trial time doubled at N = 1,000).
-    return {**common, "trial": tune.grid_search([json.dumps(to_dict(c)) for c in pending])}
+    return {**common, "trial": tune.grid_search([w.to_json() for w in work])}
 
 
-def build_tuner(study: Study, root: str, pending: list, threads: int, search: OptunaStudy | None = None):
-    """The Tuner for the pending trials (grid) or the rest of the Optuna search, and its progress callback."""
+def build_tuner(study: Study, root: str, work: list[WorkItem], threads: int, search: OptunaStudy | None = None,
+                schedule: bool = True):
+    """The Tuner for the pending work (grid) or the rest of the Optuna search, and its progress callback.
+    schedule False: no early-stopping scheduler (evaluations of stored weights have no training to cut short)."""
     from ray import tune
     from ray.tune.logger import JsonLoggerCallback
 
@@ -119,7 +121,7 @@ def build_tuner(study: Study, root: str, pending: list, threads: int, search: Op
 
         search_alg = searcher(search, sweep.seeds[0])
         num_samples = sweep.optuna.num_samples - search.finished
-    if sweep.asha is not None:
+    if sweep.asha is not None and schedule:
         from ray.tune.schedulers import ASHAScheduler
 
         # time = the training step (checkpoint and evaluation reports repeat it: they never advance a rung); a
@@ -127,7 +129,7 @@ def build_tuner(study: Study, root: str, pending: list, threads: int, search: Op
         scheduler = ASHAScheduler(time_attr="step", max_t=sweep.asha.max_t, grace_period=sweep.asha.grace_period,
                                   reduction_factor=sweep.asha.reduction_factor, stop_last_trials=False)
     resources = {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu}
-    total = num_samples if sweep.optuna else len(pending)
+    total = num_samples if sweep.optuna else len(work)
     from study.progress import Progress
 
     progress = Progress(spec.name, total, mode)
@@ -140,7 +142,7 @@ def build_tuner(study: Study, root: str, pending: list, threads: int, search: Op
         names = {"trial_name_creator": params.name, "trial_dirname_creator": params.dirname}
     tuner = tune.Tuner(
         tune.with_resources(trainable, resources),
-        param_space=param_space(study, root, pending, threads),
+        param_space=param_space(study, root, work, threads),
         tune_config=tune.TuneConfig(metric="objective", mode=mode, search_alg=search_alg, scheduler=scheduler,
                                     num_samples=num_samples, max_concurrent_trials=sweep.max_concurrent or None,
                                     reuse_actors=True, **names),  # a fresh worker process per trial costs seconds
@@ -195,7 +197,8 @@ def _run_study(study: Study, store: Store, root: str, *, address: str | None, sh
         skipped = search.finished
         eprint(f"[{study.name}] {search.finished} of {study.spec.sweep.optuna.num_samples} sample(s) already "
                f"finished in Optuna study {search.name!r} ({search.location}): not run again")
-    left = study.spec.sweep.optuna.num_samples - search.finished if search else len(pending)
+    work = [] if search else plan_work(study, store, done)
+    left = study.spec.sweep.optuna.num_samples - search.finished if search else len(work)
     if left <= 0:  # said without starting Ray
         save_spec(store, study)
         what = f"{skipped} sample(s) of the search are finished" if search else \
@@ -208,12 +211,12 @@ def _run_study(study: Study, store: Store, root: str, *, address: str | None, sh
     preflight_study(study, store, cluster=ray.cluster_resources(), nodes=cluster_nodes(), shared=shared_storage)
     save_spec(store, study)
     threads = max(1, int(study.spec.resources.cpu))
-    eprint(f"[{study.name}] {left} trial(s) on Ray ({address or 'embedded'}); results -> {root}")
+    eprint(f"[{study.name}] {left} trial(s) on Ray ({address or 'embedded'}){reads_line(work)}; results -> {root}")
     if search is not None:
         eprint(f"[{study.name}] Optuna study {search.name!r} in {search.location} (optuna-dashboard "
                f"{search.location})")
     t0 = time.perf_counter()
-    tuner, progress = build_tuner(study, root, pending, threads, search)
+    tuner, progress = build_tuner(study, root, work, threads, search)
     grid = fit(tuner, root)
     errors = sum(1 for r in grid if r.error is not None)
     record_endings(store, study.name, grid)
@@ -303,8 +306,8 @@ def resume_study(name: str, *, storage: str, address: str | None = None, verbose
     res = study.spec.resources
     # the param space again (Tune does not save it): trials it had not generated yet come from it; a trial that
     # completed meanwhile is skipped by the trainable's own check
-    pending = [c for c in study.trials if trial_id(c) not in done_before]
-    space = param_space(study, root, pending or study.trials, max(1, int(res.cpu)))
+    work = plan_work(study, store, done_before) or pending_work(study.trials, set(), {})
+    space = param_space(study, root, work, max(1, int(res.cpu)))
     try:
         tuner = tune.Tuner.restore(path, tune.with_resources(trainable, {"cpu": res.cpu, "gpu": res.gpu}),
                                    resume_unfinished=True, resume_errored=True, param_space=space)
@@ -321,6 +324,43 @@ def resume_study(name: str, *, storage: str, address: str | None = None, verbose
         eprint(f"[{name}] {len(missing)} trial(s) were not in the restored experiment: running them")
         run_study(study, address=address, storage=root, verbose=verbose)
     return {"ran": len(grid), "errors": errors}
+
+
+def evaluate_study(name: str, *, storage: str, overrides: dict[str, Any], trials: list[str] | None = None,
+                   checkpoints: bool = False, address: str | None = None, num_cpus: int | None = None,
+                   verbose: bool = False) -> dict[str, Any]:
+    """`loopstudy evaluate`: read the stored weights of the study's trained trials (or those named) under eval.*
+    overrides, at their final weights and with `checkpoints` at every kept checkpoint, on Ray with the spec's
+    resources. Each reading is stored as a trial of its own (study.evaluations); readings already stored are
+    skipped, so running the command again after a dead driver finishes the rest. Returns counts."""
+    from study.spec import load_saved_study
+
+    root = resolve_root(storage)
+    store = Store(root).require()
+    study = load_saved_study(store, name)
+    readings, skipped = plan_readings(store, study, overrides, trials, checkpoints)
+    work = [WorkItem(None, source, rs) for source, rs in readings.items() if rs]
+    n = sum(len(w.readings) for w in work)
+    if skipped:
+        eprint(f"[{name}] {skipped} reading(s) already stored: not run again")
+    if not work:
+        eprint(f"[{name}] nothing to evaluate: every reading asked for is stored")
+        return {"ran": 0, "skipped": skipped, "errors": 0}
+    store.lease(name).refuse_if_held()  # before Ray starts
+    init_ray(address, num_cpus, verbose)
+    import ray
+
+    preflight_study(study, store, cluster=ray.cluster_resources(), nodes=cluster_nodes(), shared=False)
+    eprint(f"[{name}] {n} reading(s) of the stored weights of {len(work)} trial(s) on Ray "
+           f"({address or 'embedded'}); results -> {root}")
+    t0 = time.perf_counter()
+    with store.lease(name):
+        tuner, progress = build_tuner(study, root, work, max(1, int(study.spec.resources.cpu)), schedule=False)
+        grid = fit(tuner, root)
+    errors = sum(1 for r in grid if r.error is not None)
+    eprint(f"[{name}] evaluated in {time.perf_counter() - t0:.0f}s: {len(grid) - errors} trial(s) read, "
+           f"{errors} failed")
+    return {"ran": n, "skipped": skipped, "errors": errors}
 
 
 def submit_study(spec_path: str, *, address: str, storage: str | None, repo: Path,

@@ -108,6 +108,16 @@ class TrialRecord:
     step: int | None = None
     objective: float | None = None
     spec_hash: str | None = None
+    # Train once, read many (study.evaluations): every row says which evaluation of which weights it is. eval_id:
+    # hash of the eval section; weights_of: the trial whose stored weights it read (None: its own training);
+    # weights_step: the training step of the weights it read. A trained trial keeps its final weights (sha256,
+    # bytes) and, with train.keep_checkpoints, weights along training (checkpoints: JSON {step: sha256}).
+    eval_id: str | None = None
+    weights_of: str | None = None
+    weights_step: int | None = None
+    weights_sha256: str | None = None
+    weights_bytes: int | None = None
+    checkpoints: str | None = None
 
 
 # table name -> the row dataclass of its measured rows (the trials table is TrialRecord + metrics + config)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from study.config import TrialConfig, build_trial, set_dotted, trial_id
+from study.evaluations import WorkItem, work_from_json
 from study.metrics import METRICS, depth_report, summary_metrics
 from study.store import Store
 
@@ -74,15 +75,24 @@ class TuneSession:
                 "on_eval_progress": self.on_eval_progress}
 
 
-def trial_config(config: dict[str, Any]) -> TrialConfig:
-    """The trial's resolved config from Tune's: JSON text (grid) or the base dict plus Optuna's dotted picks."""
+def trial_work(config: dict[str, Any]) -> tuple[TrialConfig, WorkItem]:
+    """(the config that names the trial, what it does) from Tune's config: a grid item (JSON text: a config plus
+    the work's keys, study.evaluations.WorkItem.to_json) or the base dict plus Optuna's dotted picks."""
     data = json.loads(config["trial"]) if isinstance(config["trial"], str) else copy.deepcopy(config["trial"])
     for key, value in config.get("searched", {}).items():
         set_dotted(data, key, value)
-    cfg = build_trial(data, f"study {config['study']}")
-    if not cfg.train.threads:
-        cfg.train.threads = config.get("threads", 1)
-    return cfg
+    source = f"study {config['study']}"
+    data, trains, weights_of, readings = work_from_json(data, source)
+    cfg = build_trial(data, source)
+    for c in [cfg, *(r.cfg for r in readings)]:
+        if not c.train.threads:
+            c.train.threads = config.get("threads", 1)
+    return cfg, WorkItem(cfg if trains else None, weights_of, readings)
+
+
+def trial_config(config: dict[str, Any]) -> TrialConfig:
+    """The trial's resolved config from Tune's (see trial_work)."""
+    return trial_work(config)[0]
 
 
 def stored_metrics(store: Store, study: str, tid: str) -> dict[str, float]:
@@ -99,21 +109,32 @@ def stored_metrics(store: Store, study: str, tid: str) -> dict[str, float]:
 
 
 def trainable(config: dict[str, Any]) -> None:
-    """One Tune trial. config: trial (and searched), store, study, metric, threads, spec_hash."""
+    """One Tune trial: train a config and read its weights each way the study asks, or read stored weights only
+    (study.evaluations). config: trial (and searched), store, study, metric, threads, spec_hash."""
     import ray
 
-    from study.trial import run_trial
+    from study.trial import evaluate_stored, run_trial
 
-    cfg = trial_config(config)
-    tid = trial_id(cfg)
+    cfg, work = trial_work(config)
     store = Store(config["store"])
     study_name, metric = config["study"], config["metric"]
-    session = TuneSession(tid, ray.get_runtime_context().get_node_id(), cfg.train.steps)
+    node = ray.get_runtime_context().get_node_id()
+    common = {"store": store, "study_name": study_name, "node": node, "metric": metric,
+              "spec_hash": config.get("spec_hash")}
+    if work.train is None:  # every reading is of weights stored by an earlier trial
+        session = TuneSession(work.readings[0].tid, node, 1)
+        evaluate_stored(work.weights_of, work.readings, on_eval_progress=session.on_eval_progress, **common)
+        stored = stored_metrics(store, study_name, work.readings[0].tid)
+        session.report(stored[metric], final=1, **stored)
+        return
+    tid = trial_id(cfg)
+    session = TuneSession(tid, node, cfg.train.steps)
     if store.is_complete(study_name, tid):  # e.g. two Optuna samples that resolve to the same config
+        if work.readings:  # trained by an earlier attempt whose readings did not all finish
+            evaluate_stored(tid, work.readings, on_eval_progress=session.on_eval_progress, **common)
         stored = stored_metrics(store, study_name, tid)
         session.report(stored[metric], skipped=1, final=1, **stored)
         return
-    metrics, result = run_trial(cfg, study_name=study_name, store=store, node=session.node, metric=metric,
-                                spec_hash=config.get("spec_hash"), **session.callbacks())
+    metrics, result = run_trial(cfg, readings=work.readings, **common, **session.callbacks())
     # the depth curve rides along for the trackers (study/tracking.py); the store has every row
     session.report(metrics[metric], final=1, **metrics, **depth_report(result.depth))

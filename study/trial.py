@@ -8,22 +8,25 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 
 import study
-from study.config import TrialConfig, to_dict, trial_id
+from study.config import TrialConfig, eval_id, to_dict, trial_id
 from study.evaluate import EvalResult, evaluate
+from study.evaluations import Reading
 from study.metrics import DEFAULT_METRIC, summary_metrics
 from study.models.reasoner import build_reasoner
 from study.preflight import preflight_trial
-from study.store import Store, config_row, now_utc
+from study.store import Store, StoreError, config_row, now_utc
 from study.tasks.loader import load_task
 from study.train import Trainer, TrainLog, seed_everything
+from study.weights import StoredWeights, kept_steps, load_weights, save_weights
 
 
 @functools.cache
@@ -39,21 +42,45 @@ def git_commit() -> str | None:
 class TrialRecorder:
     """Writes one trial's rows as it goes: the train_curve so far and a `running` trials row at every training log
     (so a trial that an early-stopping scheduler ends, or whose node dies, keeps what it did), then every table and
-    a `complete` trials row, that row last (study.rows.STATUSES)."""
+    a `complete` trials row, that row last (study.rows.STATUSES). An evaluation of stored weights
+    (study.evaluations) is recorded the same way, as a trial of its own (tid, weights_of) with no training."""
 
     def __init__(self, store: Store | None, study_name: str, cfg: TrialConfig, model, *, node: str | None,
-                 spec_hash: str | None):
-        self.store, self.study_name, self.tid = store, study_name, trial_id(cfg)
+                 spec_hash: str | None, tid: str | None = None, weights_of: str | None = None):
+        self.store, self.study_name, self.tid = store, study_name, tid or trial_id(cfg)
+        self.cfg = cfg
         self.started, self.t0 = now_utc(), time.perf_counter()
         self.fixed = {**config_row(to_dict(cfg)), "params": sum(p.numel() for p in model.parameters()),
                       "started": self.started, "device": device_name(cfg.train.device),
                       "package_version": study.__version__, "git_commit": git_commit(), "node": node,
-                      "spec_hash": spec_hash}
+                      "spec_hash": spec_hash, "eval_id": eval_id(cfg), "weights_of": weights_of}
+        self.kept: dict[int, str] = {}  # training step -> sha256 of the weights kept there
+        self.weights: StoredWeights | None = None  # the final weights, once stored
 
     def _trials_row(self, status: str, step: int | None, objective: float | None, **extra) -> None:
+        weights = {"weights_sha256": self.weights.sha256, "weights_bytes": self.weights.bytes} if self.weights else {}
         self.store.write("trials", self.study_name, self.tid, [{
             **self.fixed, "status": status, "ended": now_utc() if status != "running" else None,
-            "wall_s": time.perf_counter() - self.t0, "step": step, "objective": objective, **extra}])
+            "wall_s": time.perf_counter() - self.t0, "step": step, "objective": objective,
+            "checkpoints": json.dumps(self.kept) if self.kept else None, **weights, **extra}])
+
+    def resumed(self, step: int) -> None:
+        """After a resume from a checkpoint at `step` (0: none): the weights kept before it, as the earlier
+        attempt's row says (their files are in the store)."""
+        row = self.store.trial_row(self.study_name, self.tid) if self.store is not None and step else None
+        self.kept = {k: v for k, v in kept_steps(row or {}).items() if k <= step}
+
+    def store_weights(self, model, step: int) -> None:
+        """Store the final weights the trial is evaluated with (study/weights.py); its rows will name their hash."""
+        if self.store is not None:
+            self.weights = save_weights(self.store, self.study_name, self.tid, self.cfg, model.state_dict(), step,
+                                        final=True)
+
+    def keep(self, trainer: Trainer) -> None:
+        """Store the weights a checkpoint is evaluated with (the EMA copy) at the trainer's step."""
+        stored = save_weights(self.store, self.study_name, self.tid, self.cfg, trainer.ema.shadow, trainer.step,
+                              final=False)
+        self.kept[trainer.step] = stored.sha256
 
     def progress(self, history: list[TrainLog]) -> None:
         """After a training log: the curve so far, and where the trial is."""
@@ -62,7 +89,9 @@ class TrialRecorder:
         self.store.write("train_curve", self.study_name, self.tid, [vars(h) for h in history])
         self._trials_row("running", history[-1].step, history[-1].cell_acc)  # the objective ASHA sees
 
-    def complete(self, history: list[TrainLog], result: EvalResult, metrics: dict[str, float], metric: str) -> None:
+    def complete(self, history: list[TrainLog], result: EvalResult, metrics: dict[str, float], metric: str,
+                 step: int) -> None:
+        """Every table, then the `complete` trials row; step: the training step of the weights evaluated."""
         if self.store is None:
             return
         for table, rows in (("train_curve", [vars(h) for h in history]),
@@ -71,7 +100,7 @@ class TrialRecorder:
                             ("perturbation", [dataclasses.asdict(r) for r in result.perturbation])):
             self.store.write(table, self.study_name, self.tid, rows)
         # the trials row goes last: status=complete is what marks the trial's results as complete
-        self._trials_row("complete", history[-1].step if history else 0, metrics.get(metric), **metrics)
+        self._trials_row("complete", step, metrics.get(metric), weights_step=step, **metrics)
 
 
 def run_trial(
@@ -87,13 +116,16 @@ def run_trial(
     node: str | None = None,
     metric: str = DEFAULT_METRIC,
     spec_hash: str | None = None,
+    readings: Sequence[Reading] = (),
 ) -> tuple[dict[str, float], EvalResult]:
     """Train and evaluate one configuration; returns (summary metrics, evaluation rows).
 
     checkpoint(trainer) is called every train.checkpoint_every batches; resume(trainer) may load a checkpoint
     into the fresh trainer before training starts; on_eval_progress(done, total) follows the evaluation's steps.
-    With a store, rows are written as the trial goes (TrialRecorder) before on_log sees each log. metric: the
-    study's objective (sweep.optuna.metric); spec_hash: the spec version the trial runs under.
+    With a store, rows are written as the trial goes (TrialRecorder) before on_log sees each log, and the final
+    weights (every train.keep_checkpoints-th checkpoint's too) are stored (study/weights.py). readings: other
+    evaluations of the same weights (configs differing in eval.* keys only), each stored as its own trial.
+    metric: the study's objective (sweep.optuna.metric); spec_hash: the spec version the trial runs under.
     """
     preflight_trial(cfg, store)
     seed_everything(cfg.seed)
@@ -102,25 +134,118 @@ def run_trial(
     model = build_reasoner(cfg.model, spec.vocab, spec.seq_len, spec.grid, spec.puzzles)
     trainer = Trainer(model, task, cfg.train, cfg.seed)
     recorder = TrialRecorder(store, study_name, cfg, model, node=node, spec_hash=spec_hash)
+    say = on_phase or (lambda _: None)
     if resume is not None:
         resume(trainer)
-    if on_phase:
-        on_phase(f"data: {task.source}")
-        on_phase(f"training {recorder.tid}: {recorder.fixed['params']:,} parameters, {cfg.train.steps} steps")
+        recorder.resumed(trainer.step)
+    say(f"data: {task.source}")
+    say(f"training {recorder.tid}: {recorder.fixed['params']:,} parameters, {cfg.train.steps} steps")
 
     def logged(log: TrainLog) -> None:
         recorder.progress(trainer.history)
         if on_log is not None:
             on_log(log)
 
-    history = trainer.fit(on_log=logged, checkpoint=checkpoint)
-    if on_phase:
-        on_phase("evaluating")
-    result = evaluate(trainer.eval_model(), task, cfg.eval, cfg.train.device, on_progress=on_eval_progress,
+    history = trainer.fit(on_log=logged, checkpoint=keeping(recorder, checkpoint))
+    evaluated = trainer.eval_model()
+    recorder.store_weights(evaluated, trainer.step)
+    say("evaluating")
+    seed_everything(cfg.seed)
+    result = evaluate(evaluated, task, cfg.eval, cfg.train.device, on_progress=on_eval_progress,
                       dtype=cfg.train.dtype)
-    metrics = summary_metrics(result.depth, history[-1].loss if history else None)
-    recorder.complete(history, result, metrics, metric)
+    final_loss = history[-1].loss if history else None
+    metrics = summary_metrics(result.depth, final_loss)
+    recorder.complete(history, result, metrics, metric, trainer.step)
+    for i, reading in enumerate(readings):
+        say(f"evaluating the same weights another way ({i + 1}/{len(readings)}): trial {reading.tid}")
+        record_reading(reading, evaluated, task, store=store, study_name=study_name, weights_of=recorder.tid,
+                       weights_step=trainer.step, final_loss=final_loss, node=node, spec_hash=spec_hash,
+                       metric=metric, on_eval_progress=on_eval_progress)
     return metrics, result
+
+
+def keeping(recorder: TrialRecorder, checkpoint: Callable[[Trainer], None] | None
+            ) -> Callable[[Trainer], None] | None:
+    """The trainer's checkpoint callback: the caller's (Tune's), and with a store and train.keep_checkpoints, the
+    weights of every keep_checkpoints-th checkpoint kept (by batch count, so a resumed trial keeps the same ones)."""
+    train = recorder.cfg.train
+    every = train.checkpoint_every * train.keep_checkpoints if recorder.store is not None else 0
+    if not every:
+        return checkpoint
+
+    def checkpointed(trainer: Trainer) -> None:
+        if trainer.batches % every == 0:
+            recorder.keep(trainer)
+        if checkpoint is not None:
+            checkpoint(trainer)
+
+    return checkpointed
+
+
+def record_reading(reading: Reading, model, task, *, store: Store | None, study_name: str, weights_of: str,
+                   weights_step: int, final_loss: float | None, node: str | None, spec_hash: str | None,
+                   metric: str, on_eval_progress: Callable[[int, int], None] | None = None) -> dict[str, float]:
+    """Evaluate `model` (the weights of trial `weights_of` at training step `weights_step`) under the reading's
+    config and store the rows as the reading's own trial; returns its summary metrics."""
+    cfg = reading.cfg
+    recorder = TrialRecorder(store, study_name, cfg, model, node=node, spec_hash=spec_hash, tid=reading.tid,
+                             weights_of=weights_of)
+    seed_everything(cfg.seed)
+    result = evaluate(model, task, cfg.eval, cfg.train.device, on_progress=on_eval_progress, dtype=cfg.train.dtype)
+    metrics = summary_metrics(result.depth, final_loss)
+    recorder.complete([], result, metrics, metric, weights_step)
+    return metrics
+
+
+def evaluate_stored(weights_of: str, readings: Sequence[Reading], *, store: Store, study_name: str,
+                    node: str | None = None, spec_hash: str | None = None, metric: str = DEFAULT_METRIC,
+                    on_phase: Callable[[str], None] | None = None,
+                    on_eval_progress: Callable[[int, int], None] | None = None) -> list[dict[str, float]]:
+    """Read trial `weights_of`'s stored weights (final, or kept at a reading's step) under each reading's config,
+    each stored as its own trial; readings already complete in the store are skipped. Returns their metrics."""
+    row = store.trial_row(study_name, weights_of)
+    if row is None or row.get("status") != "complete":
+        raise StoreError(f"trial {weights_of} of study {study_name} is not complete in {store.uri}: there are no "
+                         "trained weights to evaluate")
+    todo = sorted((r for r in readings if not store.is_complete(study_name, r.tid)),
+                  key=lambda r: (r.step is not None, r.step or 0))  # each set of weights loaded once
+    if not todo:
+        return []
+    cfg = todo[0].cfg
+    preflight_trial(cfg, store)
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    task = load_task(cfg.task)
+    spec = task.spec
+    kept = kept_steps(row)
+    out, models = [], {}
+    for i, reading in enumerate(todo):
+        step = reading.step
+        if step not in models:
+            sha = row.get("weights_sha256") if step is None else kept.get(step)
+            if sha is None:
+                raise StoreError(no_weights(weights_of, step, kept))
+            model = build_reasoner(cfg.model, spec.vocab, spec.seq_len, spec.grid, spec.puzzles)
+            model.load_state_dict(load_weights(store, study_name, weights_of, sha, step))
+            models = {step: model.eval()}  # one set of weights in memory at a time (readings come by step)
+        if on_phase:
+            on_phase(f"evaluating trial {weights_of}'s weights{'' if step is None else f' at step {step}'} "
+                     f"({i + 1}/{len(todo)}): trial {reading.tid}")
+        out.append(record_reading(reading, models[step], task, store=store, study_name=study_name,
+                                  weights_of=weights_of, weights_step=row["step"] if step is None else step,
+                                  final_loss=row.get("final_train_loss"), node=node, spec_hash=spec_hash,
+                                  metric=metric, on_eval_progress=on_eval_progress))
+    return out
+
+
+def no_weights(tid: str, step: int | None, kept: dict[int, str]) -> str:
+    """Why trial `tid` has no stored weights to read (at `step`)."""
+    if step is None:
+        return (f"trial {tid} stored no weights (it ran before loopstudy kept them): it cannot be evaluated again; "
+                "run it again (a new study, or remove its rows) to train it with its weights kept")
+    where = f"it kept steps {', '.join(map(str, sorted(kept)))}" if kept else \
+        "it kept none (train.keep_checkpoints was 0)"
+    return f"trial {tid} kept no weights at training step {step}: {where}"
 
 
 def device_name(device: str) -> str:

@@ -7,6 +7,7 @@ score          content score (median) against the number of wrong cells
 eff_layers     effective layers against difficulty (halting)
 perturbation   solved puzzles kept and relative distance after a perturbation, per eps
 overthinking   exact accuracy vs depth as a multiple of training depth, with Deep Thinking's published curves
+checkpoints    accuracy vs the training step of the weights read, a line per test-time depth, a panel per setting
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from study.analysis.tables import (  # noqa: E402
     AnalysisError,
     Context,
     aggregate,
+    applies,
+    checkpoint_readings,
     deepest,
     halting_evaluated,
     halts,
@@ -219,13 +222,33 @@ def fig_perturbation(ctx: Context, ax, style: Style | None = None) -> None:
             "updates after the perturbation", "solved puzzles kept")
 
 
+def fig_checkpoints(ctx: Context, ax, style: Style | None = None) -> None:
+    """One setting per panel (see PER_PANEL): a line per test-time depth, accuracy against the training step."""
+    why = applies("checkpoints", ctx)
+    if why:
+        raise AnalysisError(why)
+    value, ylabel = ctx.headline
+    df = aggregate(overall(checkpoint_readings(ctx)), ["setting", "depth_layers", "train_step"], [value])
+    depths = sorted(df["depth_layers"].unique().to_list())
+    cmap = matplotlib.colormaps["viridis"]
+    for (_, depth), g in df.group_by(["setting", "depth_layers"], maintain_order=True):
+        g = g.sort("train_step")
+        ax.plot(g["train_step"].to_list(), g[f"{value}_mean"].to_list(), marker="o", ms=3, lw=1.2,
+                color=cmap(depths.index(depth) / max(1, len(depths) - 1) * 0.85), label=f"{depth:,} layers")
+    ax.set_ylim(-0.02, 1.02)
+    settings = df["setting"].unique().to_list()
+    _labels(ax, f"Accuracy along training: {settings[0]}" if len(settings) == 1 else "Accuracy along training",
+            "training step of the weights read", f"{ylabel} (mean over seeds)")
+
+
 FIGURES: dict[str, Callable[..., None]] = {
     "depth": fig_depth, "difficulty": fig_difficulty, "gamma": fig_gamma, "score": fig_score,
     "eff_layers": fig_eff_layers, "perturbation": fig_perturbation, "overthinking": fig_overthinking,
+    "checkpoints": fig_checkpoints,
 }
 # settings per panel, so that no legend has more than MAX_LEGEND entries: room for the published series (up to
 # three) beside the measured ones; one setting per perturbation panel (its lines are the perturbation sizes)
-PER_PANEL = {"perturbation": 1, "depth": MAX_LEGEND - 3, "overthinking": MAX_LEGEND - 3}
+PER_PANEL = {"perturbation": 1, "checkpoints": 1, "depth": MAX_LEGEND - 3, "overthinking": MAX_LEGEND - 3}
 PANEL = (5.6, 4.0)  # inches per panel
 
 
@@ -238,7 +261,8 @@ def panels(settings: list[str], kind: str) -> list[list[str]]:
 def draw(ctx: Context, kind: str, style: Style):
     """One figure of `kind`: a panel per group of settings, sharing the y axis; AnalysisError when it does not
     apply to this study."""
-    settings = sorted(ctx.trials["setting"].unique().to_list())
+    drawn = ctx.checkpoints if kind == "checkpoints" and ctx.checkpoints is not None else ctx.trials
+    settings = sorted(drawn["setting"].unique().to_list())
     groups = panels(settings, kind)
     cols = min(len(groups), 3)
     rows = math.ceil(len(groups) / cols)
@@ -246,7 +270,8 @@ def draw(ctx: Context, kind: str, style: Style):
                              layout="constrained", squeeze=False)
     try:
         for ax, group in zip(axes.flat, groups):
-            sub = dataclasses.replace(ctx, trials=ctx.trials.filter(pl.col("setting").is_in(group)))
+            kept = ctx.checkpoints.filter(pl.col("setting").is_in(group)) if ctx.checkpoints is not None else None
+            sub = dataclasses.replace(ctx, trials=ctx.trials.filter(pl.col("setting").is_in(group)), checkpoints=kept)
             FIGURES[kind](sub, ax, style)
             ax.grid(alpha=0.3)
             if ax.get_legend_handles_labels()[0]:
@@ -264,7 +289,9 @@ def fingerprint(ctx: Context, kinds: list[str], style: Style) -> str:
     and the package version. The same fingerprint means the same figures."""
     import study
 
-    key = sorted(zip(ctx.trials["trial_id"].to_list(), map(str, ctx.trials["ended"].to_list())))
+    trials = pl.concat([ctx.trials, ctx.checkpoints], how="diagonal_relaxed") if ctx.checkpoints is not None \
+        else ctx.trials
+    key = sorted(zip(trials["trial_id"].to_list(), map(str, trials["ended"].to_list())))
     text = json.dumps([key, kinds, style.paper, study.__version__])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

@@ -101,6 +101,9 @@ class Context:
     include_stale: bool = False
     members: Membership | None = None  # the study's trials by kind, read once per context
     pooled: bool = False  # its depth rows hold pooled answers' pass@k (ARC): pass@2 is the headline (read once)
+    # evaluations of weights kept along training (loopstudy evaluate --checkpoints), with their settings: only the
+    # checkpoints table and figure read them (beside the final weights' trials, they would count a seed twice)
+    checkpoints: pl.DataFrame | None = None
 
     @property
     def value_axes(self) -> list[str]:
@@ -138,13 +141,21 @@ def load_context(store: Store, study: str, skip_bad: bool = False, include_stale
         df = df.filter(~pl.col("trial_id").is_in(sorted(stale)))
         eprint(f"loopstudy: {study}: {n_stale} complete trial(s) of an earlier version of its spec left out "
                "(--all, or include_stale=True, includes them)")
+    along = reads_along_training()
+    kept, df = df.filter(along), df.filter(~along)
     if df.height == 0:
         raise AnalysisError(f"study {study!r} has no completed trials yet in {store.uri} "
                             "(run `loopstudy status` to see what is pending)")
     axes = varying_columns(df)
-    ctx = Context(store, study, with_setting(df, axes), axes, skip_bad, include_stale, members)
+    ctx = Context(store, study, with_setting(df, axes), axes, skip_bad, include_stale, members,
+                  checkpoints=with_setting(kept, axes))
     pooled = ctx.table("depth_eval").select(pl.col("puzzle_pass_at_2").is_not_null().any()).collect().item()
     return dataclasses.replace(ctx, pooled=bool(pooled))
+
+
+def reads_along_training() -> pl.Expr:
+    """Per trials row: an evaluation of weights kept before training ended (study.evaluations)."""
+    return (pl.col("weights_of").is_not_null() & (pl.col("weights_step") < pl.col("train.steps"))).fill_null(False)
 
 
 def overall(lf: pl.LazyFrame) -> pl.LazyFrame:
@@ -230,6 +241,22 @@ def t_perturbation(ctx: Context) -> pl.DataFrame:
     return aggregate(lf, ["setting", "eps", "updates_after"], ["solved_kept", "rel_distance"])
 
 
+def checkpoint_readings(ctx: Context) -> pl.LazyFrame:
+    """Depth rows of every setting read along training: each checkpoint's readings and the final weights' (its
+    trial, or its evaluation with the same eval section), with `train_step`, the training step of the weights."""
+    settings = ctx.checkpoints["setting"].unique().to_list() if ctx.checkpoints is not None else []
+    final = ctx.trials.filter(pl.col("setting").is_in(settings))
+    meta = pl.concat([final, ctx.checkpoints], how="diagonal_relaxed").select(
+        "trial_id", "setting", pl.col("weights_step").alias("train_step"))
+    return ctx.store.scan("depth_eval", ctx.study, ctx.skip_bad).join(meta.lazy(), on="trial_id", how="inner")
+
+
+def t_checkpoints(ctx: Context) -> pl.DataFrame:
+    """Accuracy against the training step of the weights read, at each test-time depth (loopstudy evaluate
+    --checkpoints): whether an earlier checkpoint reads better than the final one, and where."""
+    return aggregate(overall(checkpoint_readings(ctx)), ["setting", "depth_layers", "train_step"], ctx.accuracy)
+
+
 def t_optuna(ctx: Context) -> pl.DataFrame:
     """One row per trial of the study, complete or not (a search's history: trials ASHA stopped keep the step they
     reached and their last objective), complete ones first, best first; stale trials only with include_stale."""
@@ -253,6 +280,7 @@ TABLES: dict[str, tuple[Callable[[Context], pl.DataFrame], str | None]] = {
     "difficulty": (t_difficulty, "difficulty"),
     "overthinking": (t_overthinking, "overthinking"),
     "retention": (t_retention, None),
+    "checkpoints": (t_checkpoints, None),
     "stability": (t_stability, "stability"),
     "perturbation": (t_perturbation, "perturbation"),
     "optuna": (t_optuna, None),
@@ -316,6 +344,9 @@ def applies(kind: str, ctx: Context) -> str | None:
         return "not an Optuna search (every trial of a grid study is in the other tables)"
     if kind == "halting" and not halting_evaluated(ctx):
         return "no trial halts at test time (model.halting.enabled / eval.halting)"
+    if kind == "checkpoints" and (ctx.checkpoints is None or ctx.checkpoints.height == 0):
+        return "no evaluation of weights kept along training (train.keep_checkpoints, then loopstudy evaluate " \
+               "STUDY --checkpoints)"
     if kind in ("overthinking", "retention") and not reads_past_training(ctx):
         return "no reading is deeper than the trial's training depth"
     return None

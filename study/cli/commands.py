@@ -99,6 +99,36 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 1 if out["errors"] else 0
 
 
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from study.analysis.formatting import format_table
+    from study.analysis.tables import AnalysisError, build_table
+    from study.config import flatten, parse_overrides
+    from study.evaluations import check_eval_overrides
+    from study.launch import evaluate_study
+    from study.paths import resolve_root
+
+    overrides = flatten(parse_overrides(args.overrides))
+    check_eval_overrides(overrides)  # before anything is read or started
+    out = evaluate_study(args.study, storage=args.store, overrides=overrides, trials=args.trials,
+                         checkpoints=args.checkpoints, address=args.address, num_cpus=args.num_cpus,
+                         verbose=args.verbose)
+    root = resolve_root(args.store)
+    try:
+        print(format_table(build_table(_store(root), args.study, "checkpoints" if args.checkpoints else "depth")))
+    except AnalysisError as e:
+        eprint(f"loopstudy: {e}")
+    if not args.no_plot:
+        from study.analysis.figures import plot
+
+        figures = args.figures or figures_dir(root)
+        try:
+            files = plot(_store(root), args.study, "all", figures, only_changed=True)
+            eprint(f"figures in {Path(figures).resolve()} ({len(files)} files)")
+        except Exception as e:  # a figure problem must not hide the readings
+            eprint(f"loopstudy: figures not written: {e}")
+    return 1 if out["errors"] else 0
+
+
 def cmd_resume(args: argparse.Namespace) -> int:
     from study.launch import resume_study
 
@@ -146,6 +176,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"  {kind} {i}")
         if len(ids) > 20:
             print(f"  ... and {len(ids) - 20} more {kind}")
+    if m.evaluations:
+        print(f"  {len(m.evaluations)} evaluation(s) of their stored weights (loopstudy evaluate)")
     if counts["stale"]:
         print(f"  {counts['stale']} stale: trials of an earlier version of the spec, kept in storage, left out of "
               "tables and figures (--all includes them)")

@@ -153,6 +153,34 @@ def add_cluster(sub) -> None:
     rs.set_defaults(func=cmd.cmd_resume)
 
 
+def add_evaluate(sub) -> None:
+    e = sub.add_parser(
+        "evaluate", help="read a finished study's stored weights again (new depths, readout, halting, checkpoints)",
+        description="Train once, read many times: evaluate the stored weights of a study's trained trials under "
+                    "eval.* overrides, without training. Each reading is stored as a trial of its own (named in "
+                    "tables and figures by the eval keys that differ); readings already stored are skipped, so "
+                    "running the command again after an interruption finishes the rest. Only eval.* keys may "
+                    "change: anything else is a new trial (a spec and `loopstudy run`).",
+        epilog="examples:\n  loopstudy evaluate cpu_depth_scaling 'eval.depths=[48,96,480,960]'\n"
+               "  loopstudy evaluate cpu_overthinking eval.readout=max_conf --trials 1a2b3c4d5e6f\n"
+               "  loopstudy evaluate tiny --checkpoints   (needs train.keep_checkpoints in the spec)",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_study(e, positional=True)
+    e.add_argument("overrides", nargs="*", metavar="eval.KEY=VALUE", help="eval.* overrides (YAML values)")
+    add_store(e)
+    e.add_argument("--trials", nargs="+", metavar="ID", default=None,
+                   help="only these trained trials (default: every complete trained trial of the study)")
+    e.add_argument("--checkpoints", action="store_true",
+                   help="read every checkpoint the trials kept along training (train.keep_checkpoints) as well; "
+                        "ends with the checkpoints table (accuracy vs training step at each depth)")
+    e.add_argument("--address", default=None, help="join a running Ray cluster (default: embedded local Ray)")
+    e.add_argument("--num-cpus", type=count(1), default=None, help="CPUs for the embedded Ray (default: all)")
+    e.add_argument("--figures", default=None, metavar="DIR", help="where figures go (default: <store>/figures)")
+    e.add_argument("--no-plot", action="store_true", help="skip the figures")
+    add_verbose(e)
+    e.set_defaults(func=cmd.cmd_evaluate)
+
+
 def reading_parent() -> argparse.ArgumentParser:
     """The options every command that reads the store shares."""
     p = argparse.ArgumentParser(add_help=False)
@@ -255,6 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_trial(sub)
     add_run(sub)
     add_cluster(sub)
+    add_evaluate(sub)
     parent = reading_parent()
     add_tables(sub, parent)
     add_upkeep(sub, parent)

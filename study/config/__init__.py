@@ -8,7 +8,19 @@ problem.
 
 from study.config.bounds import MAX_DEPTH_LAYERS, Bound, check_bounds
 from study.config.errors import ConfigError
-from study.config.identity import ADDED_LATER, DATA_FILES, NON_IDENTITY, file_digest, flatten, to_dict, trial_id
+from study.config.identity import (
+    ADDED_LATER,
+    DATA_FILES,
+    NON_IDENTITY,
+    eval_id,
+    eval_keys,
+    file_digest,
+    flatten,
+    reading_id,
+    to_dict,
+    training_id,
+    trial_id,
+)
 from study.config.loading import (
     absolute_data_path,
     allowed_keys,
@@ -42,6 +54,7 @@ __all__ = [
     "ADDED_LATER", "DATA_FILES", "MAX_DEPTH_LAYERS", "NON_IDENTITY", "RULES", "STUDY_NAME", "Bound",
     "CarryConfig", "ConfigError", "EvalConfig", "HaltingConfig", "ModelConfig", "Placement", "Rule", "TaskConfig",
     "TaskName", "TrainConfig", "TrialConfig", "absolute_data_path", "allowed_keys", "build_trial", "check_bounds",
-    "check_data", "check_study_name", "describe_error", "file_digest", "flatten", "is_study_name", "layers_per_step",
-    "load_trial", "load_yaml", "merge", "parse_overrides", "resolve_data_paths", "set_dotted", "to_dict", "trial_id",
+    "check_data", "check_study_name", "describe_error", "eval_id", "eval_keys", "file_digest", "flatten",
+    "is_study_name", "layers_per_step", "load_trial", "load_yaml", "merge", "parse_overrides", "reading_id",
+    "resolve_data_paths", "set_dotted", "to_dict", "training_id", "trial_id",
 ]

@@ -15,7 +15,8 @@ from study.config.errors import ConfigError
 from study.config.schema import TrialConfig
 
 # Fields that do not change a trial's results, so they stay out of its identity.
-NON_IDENTITY = {("task", "cache_dir"), ("train", "log_every"), ("train", "checkpoint_every"), ("train", "threads")}
+NON_IDENTITY = {("task", "cache_dir"), ("train", "log_every"), ("train", "checkpoint_every"), ("train", "threads"),
+                ("train", "keep_checkpoints")}
 # Fields added after results were stored, with the value that reproduces the behaviour from before them: left out
 # of the hash while they hold it, so a new knob does not give every stored trial a new id (and re-run it). Add a
 # field here whenever one joins a config section.
@@ -87,3 +88,34 @@ def trial_id(cfg: TrialConfig, leave_out: tuple[str, ...] = ()) -> str:
             d[section].pop(name, None)
     d.pop("label", None)
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def eval_keys() -> tuple[str, ...]:
+    """Every dotted key of the eval section: what an evaluation of stored weights may change."""
+    from study.config.schema import EvalConfig
+
+    return tuple(f"eval.{f.name}" for f in dataclasses.fields(EvalConfig))
+
+
+def training_id(cfg: TrialConfig) -> str:
+    """The id of what training reads: the trial id without the eval section. Configs with one training_id train
+    the same weights (a sweep over eval.* keys trains once and reads those weights each way)."""
+    return trial_id(cfg, leave_out=eval_keys())
+
+
+def eval_id(cfg: TrialConfig) -> str:
+    """Short hash of the eval section alone (fields at their before-they-existed value left out, as in trial_id):
+    which evaluation of a trial's weights a row is."""
+    d = to_dict(cfg)["eval"]
+    for (section, name), before in ADDED_LATER.items():
+        if section == "eval" and d.get(name, before) == before:
+            d.pop(name, None)
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def reading_id(cfg: TrialConfig, step: int | None = None) -> str:
+    """The trial id of an evaluation of stored weights under `cfg`: for the final weights, the id the trial would
+    have had with this eval section (so a spec that lists the evaluation finds it complete); for the weights kept
+    at training step `step`, a hash of that id and the step."""
+    tid = trial_id(cfg)
+    return tid if step is None else hashlib.sha256(f"{tid}@{step}".encode()).hexdigest()[:12]

@@ -84,7 +84,7 @@ ALWAYS_READ = frozenset({
     "model.halting.eps",
     *(f"train.{k}" for k in ("steps", "batch_size", "lr", "weight_decay", "betas", "warmup", "n_sup", "grad_clip",
                              "ema", "loss", "device", "dtype", "threads", "log_every", "checkpoint_every",
-                             "progressive")),
+                             "keep_checkpoints", "progressive")),
     *(f"eval.{k}" for k in ("depths", "H", "halting", "n_test", "batch_size", "stability", "perturb_update",
                             "compile", "readout")),
     *(f"task.{k}" for k in COMMON_FIELDS), "seed", "label",

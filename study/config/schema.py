@@ -224,6 +224,9 @@ class TrainConfig:
     threads: Annotated[int, Bound(ge=0)] = 0  # torch CPU threads; 0 leaves torch's default
     log_every: Annotated[int, Bound(ge=1)] = 50
     checkpoint_every: Annotated[int, Bound(ge=0)] = 0  # batches between checkpoints; 0: only at the end
+    # keep the (EMA) weights of every keep_checkpoints-th checkpoint in the results store, for `loopstudy evaluate
+    # --checkpoints`; 0: only the final weights
+    keep_checkpoints: Annotated[int, Bound(ge=0)] = 0
     progressive: Annotated[float, Bound(ge=0, le=1)] = 0.0
 
     def __post_init__(self):
@@ -233,6 +236,10 @@ class TrainConfig:
                              f"update per batch); got train.n_sup={self.n_sup}")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ValueError(f"train.device={self.device!r} is not allowed; use 'cpu' or 'cuda[:N]'")
+        if self.keep_checkpoints and not self.checkpoint_every:
+            raise ValueError(f"train.keep_checkpoints={self.keep_checkpoints} keeps every Nth checkpoint, and "
+                             "train.checkpoint_every=0 takes none along training; set train.checkpoint_every "
+                             "(batches between checkpoints) as well")
 
 
 @pdataclass(config={"extra": "forbid"})

@@ -6,8 +6,8 @@ may be read), `listing` (which files belong to a study), `read`, `completeness` 
 
 The contract, stated once:
 - Layout: `<root>/<table>/study=<name>/<trial_id>.parquet`, one file per trial per table, plus a study's
-  `study.compacted.parquet` per table; `_`-folders hold the saved spec, compaction markers and Tune's state
-  (layout.py).
+  `study.compacted.parquet` per table; `_`-folders hold the saved spec, compaction markers, Tune's state and the
+  trials' weights (layout.py).
 - Atomicity: every file is written whole under a temporary dot-name and renamed into place (one PUT on an object
   store): a reader sees the old file or the new one. A retried trial replaces its own files.
 - Complete: a trial is complete when it has a `trials` file (written last, only on success) and a sound file
@@ -100,6 +100,14 @@ class Store:
             self._writing.add((study, trial_id))
         self._root.write_table(data, final)
         return final
+
+    def put_bytes(self, rel: str, data: bytes) -> None:
+        """A file under the root (e.g. a trial's weights under _weights/), written atomically."""
+        self._root.put_bytes(rel, data)
+
+    def get_bytes(self, rel: str) -> bytes | None:
+        """A file under the root; None when there is none."""
+        return self._root.get_bytes(rel)
 
     def put_text(self, rel: str, text: str) -> None:
         """A small text file under the root (e.g. _studies/<name>.yaml); readers of tables ignore '_' dirs."""

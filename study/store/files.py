@@ -159,21 +159,31 @@ class Root:
         with atomic_target(final, self.fs) as tmp:
             pq.write_table(data, tmp, filesystem=self.fs)
 
-    def put_text(self, rel: str, text: str) -> None:
-        """A small text file under the root (e.g. _studies/<name>.yaml), atomically."""
-        write_bytes(f"{self.root}/{rel}", text.encode(), self.fs)
+    def put_bytes(self, rel: str, data: bytes) -> None:
+        """A file under the root, atomically (a reader sees it whole or not at all)."""
+        write_bytes(f"{self.root}/{rel}", data, self.fs)
 
-    def get_text(self, rel: str) -> str | None:
+    def get_bytes(self, rel: str) -> bytes | None:
+        """A file under the root; None when there is none."""
         path = f"{self.root}/{rel}"
         if self.kind(path) != pafs.FileType.File:
             return None
         try:
             with self.fs.open_input_stream(path) as f:
-                return f.read().decode()
+                return f.read()
         except FileNotFoundError:  # never written, or removed meanwhile (a compaction's marker)
             return None
+
+    def put_text(self, rel: str, text: str) -> None:
+        """A small text file under the root (e.g. _studies/<name>.yaml), atomically."""
+        self.put_bytes(rel, text.encode())
+
+    def get_text(self, rel: str) -> str | None:
+        data = self.get_bytes(rel)
+        try:
+            return None if data is None else data.decode()
         except UnicodeDecodeError:
-            raise StoreError(f"{path} is not UTF-8 text: it is damaged; remove or restore it") from None
+            raise StoreError(f"{self.root}/{rel} is not UTF-8 text: it is damaged; remove or restore it") from None
 
     # -- the same files through Polars' reader --------------------------------------------------------------------
     def polars_path(self, path: str) -> str:

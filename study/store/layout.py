@@ -8,6 +8,8 @@
     <root>/_leases/<name>.json                            the driver running the study (store/lease.py)
     <root>/_optuna/<name>.journal                         an Optuna search's study (optuna_storage.py)
     <root>/_tracking/<name>/                              MLflow's and W&B's local runs (tracking.py)
+    <root>/_weights/<name>/<trial_id>/final.safetensors   a trial's final (EMA) weights (study/weights.py)
+    <root>/_weights/<name>/<trial_id>/step-<N>.safetensors   weights kept at training step N
 
 Folders starting with '_' and files starting with '.' (writes in flight) are never read as table rows. No table
 file starts with '_' or '.': plain Parquet readers (pyarrow.dataset, pandas) skip such files, and a table read
@@ -85,3 +87,8 @@ def tracking_dir(root: str, study: str) -> str | None:
     """Where a study's local tracking files go (MLflow's SQLite store, W&B's offline runs): `<root>/_tracking/
     <study>` for a local root; None for an object store (the tracker's files then stay on this machine)."""
     return None if "://" in root else f"{root.rstrip('/')}/_tracking/{study}"
+
+
+def weights_file(study: str, trial_id: str, step: int | None = None) -> str:
+    """A trial's stored weights, relative to the root: the final ones, or those kept at training step `step`."""
+    return f"_weights/{study}/{trial_id}/{'final' if step is None else f'step-{step:08d}'}.safetensors"

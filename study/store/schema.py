@@ -79,6 +79,33 @@ def config_row(cfg_dict: dict[str, Any]) -> dict[str, Any]:
     return {k: json.dumps(v) if isinstance(v, list | tuple) else v for k, v in flatten(cfg_dict).items()}
 
 
+def config_from_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A trials row's config columns back to the nested config dict (config_row's inverse): list and tuple fields
+    from their JSON text; null columns (fields the row's schema predates) left to their defaults."""
+    from study.config import set_dotted
+
+    data: dict[str, Any] = {}
+    for f in config_fields():
+        value = row.get(f.name)
+        if value is None:
+            continue
+        if f.type == pa.string() and _is_sequence(f.name):
+            value = json.loads(value)
+        set_dotted(data, f.name, value)
+    return data
+
+
+def _is_sequence(dotted: str) -> bool:
+    """Whether a dotted config key is a list or tuple field (stored as JSON text)."""
+    cls: Any = TrialConfig
+    for part in dotted.split("."):
+        tp = typing.get_type_hints(cls)[part]
+        cls = tp
+    args = [a for a in typing.get_args(cls) if a is not type(None)] if typing.get_origin(cls) in (
+        typing.Union, types.UnionType) else [cls]
+    return any(typing.get_origin(a) in (list, tuple) or a in (list, tuple) for a in args)
+
+
 def table_rows(table: str, trial_id: str, rows: list[dict[str, Any]]) -> pa.Table:
     """A trial's rows as an Arrow table of `table`'s schema, keyed by trial_id; unknown columns are refused."""
     sch = schema(table)
