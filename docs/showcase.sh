@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The CPU showcase (README "Results"): six studies on the embedded Ray, then the tables and figures the README
 # shows, regenerated from the stored Parquet alone. About two and a half hours on 2 cores (the depth study is 35
-# minutes of it, the overthinking study 47, ARC's 10x10 subset 26).
+# minutes of it, the overthinking study 40, ARC's 10x10 subset 26).
 # Interrupted? Run it again: trials complete in storage are skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."

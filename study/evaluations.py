@@ -10,7 +10,7 @@ weights kept along training (`--checkpoints`) has an id of its own per step.
 The rules, stated once:
 - an evaluation may change eval.* keys only: any other change trains different weights, so it is a new trial;
 - configs of a study that differ in eval.* keys only train once (the first one pending, or a trial already complete
-  with stored weights) and the others read those weights: `work_items`;
+  with stored weights) and the others read those weights: `pending_work`;
 - readings already stored are skipped, so an evaluation that a dead driver left half done resumes by running it
   again.
 """

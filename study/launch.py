@@ -28,9 +28,10 @@ from study.optuna_storage import OptunaStudy, prepare
 from study.paths import is_uri, machine_cache, resolve_root
 from study.preflight import is_loopback, preflight_study
 from study.spec import Study
+from study.spec_schema import StudySpec
 from study.store import Store
 from study.store.files import OBJECT_STORE_ENV
-from study.store.layout import spec_file, tracking_dir, tune_dir
+from study.store.layout import evaluate_tune_dir, spec_file, tracking_dir, tune_dir
 from study.trainable import trainable
 
 LOW_DISK_BYTES = 64 << 20  # below this, an error reading back Tune's state files is the disk being full
@@ -107,9 +108,10 @@ def param_space(study: Study, root: str, work: list[WorkItem], threads: int) -> 
 
 
 def build_tuner(study: Study, root: str, work: list[WorkItem], threads: int, search: OptunaStudy | None = None,
-                schedule: bool = True):
+                evaluate: bool = False):
     """The Tuner for the pending work (grid) or the rest of the Optuna search, and its progress callback.
-    schedule False: no early-stopping scheduler (evaluations of stored weights have no training to cut short)."""
+    evaluate: `loopstudy evaluate`'s readings of stored weights: no early-stopping scheduler (no training to cut
+    short) and an experiment folder of their own (the study's is the one `resume` restores)."""
     from ray import tune
     from ray.tune.logger import JsonLoggerCallback
 
@@ -121,7 +123,7 @@ def build_tuner(study: Study, root: str, work: list[WorkItem], threads: int, sea
 
         search_alg = searcher(search, sweep.seeds[0])
         num_samples = sweep.optuna.num_samples - search.finished
-    if sweep.asha is not None and schedule:
+    if sweep.asha is not None and not evaluate:
         from ray.tune.schedulers import ASHAScheduler
 
         # time = the training step (checkpoint and evaluation reports repeat it: they never advance a rung); a
@@ -147,7 +149,7 @@ def build_tuner(study: Study, root: str, work: list[WorkItem], threads: int, sea
                                     num_samples=num_samples, max_concurrent_trials=sweep.max_concurrent or None,
                                     reuse_actors=True, **names),  # a fresh worker process per trial costs seconds
         run_config=tune.RunConfig(
-            name=spec.name, storage_path=tune_dir(root), verbose=0,
+            name=spec.name, storage_path=evaluate_tune_dir(root) if evaluate else tune_dir(root), verbose=0,
             failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
             # result.json (Tune's ResultGrid reads it) and the trackers the spec asks for; the auto loggers are off,
@@ -337,7 +339,10 @@ def evaluate_study(name: str, *, storage: str, overrides: dict[str, Any], trials
 
     root = resolve_root(storage)
     store = Store(root).require()
-    study = load_saved_study(store, name)
+    if store.get_text(spec_file(name)) is None and name in store.studies():  # trials from `loopstudy trial`
+        study = Study(StudySpec(name=name), f"study {name} (no saved spec: default resources)")
+    else:
+        study = load_saved_study(store, name)
     readings, skipped = plan_readings(store, study, overrides, trials, checkpoints)
     work = [WorkItem(None, source, rs) for source, rs in readings.items() if rs]
     n = sum(len(w.readings) for w in work)
@@ -355,7 +360,7 @@ def evaluate_study(name: str, *, storage: str, overrides: dict[str, Any], trials
            f"({address or 'embedded'}); results -> {root}")
     t0 = time.perf_counter()
     with store.lease(name):
-        tuner, progress = build_tuner(study, root, work, max(1, int(study.spec.resources.cpu)), schedule=False)
+        tuner, progress = build_tuner(study, root, work, max(1, int(study.spec.resources.cpu)), evaluate=True)
         grid = fit(tuner, root)
     errors = sum(1 for r in grid if r.error is not None)
     eprint(f"[{name}] evaluated in {time.perf_counter() - t0:.0f}s: {len(grid) - errors} trial(s) read, "

@@ -173,6 +173,7 @@ def test_a_study_reads_eval_variants_from_one_training_and_evaluate_reads_checkp
                      "--figures", str(tmp_path / "fig"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "4 reading(s) of the stored weights of 2 trial(s)" in proc.stderr  # final and step 16, per trial
+    assert (tmp_path / "r" / "_tune" / "_evaluate" / "reads").is_dir()  # the study's own run stays resumable
     table = proc.stdout.splitlines()
     assert "train_step" in table[0] and sum("last depths=[6, 12]" in line for line in table) == 4  # 2 steps x 2
     assert (tmp_path / "fig" / "reads_checkpoints.png").is_file()

@@ -53,7 +53,7 @@ def test_the_endpoint_can_come_from_aws_endpoint_url(s3_env, monkeypatch, reques
     assert pl.from_arrow(plain.read("trials", "s"))["trial_id"].to_list() == ["t1"]
 
 
-def test_a_study_runs_on_s3_and_every_command_reads_it_with_either_endpoint_form(s3_server, request):
+def test_a_study_on_s3_reads_back_with_either_endpoint_form_and_from_its_stored_weights(s3_server, request):
     uri = s3_server["uri"].format(prefix=request.node.name)
     env = s3_server["env"]
     run = loopstudy("run", "tests/specs/tiny.yaml", "--store", uri, "train.steps=8", "eval.depths=[6]",
@@ -71,6 +71,12 @@ def test_a_study_runs_on_s3_and_every_command_reads_it_with_either_endpoint_form
     assert compact.returncode == 0, compact.stderr
     q = loopstudy("query", "SELECT count(*) AS n FROM trials", "--store", uri, "--format", "csv", env=env)
     assert q.returncode == 0 and q.stdout.split() == ["n", "2"], q.stdout + q.stderr
+    # the trials' weights are on the same S3 root (compacted rows keep their hashes): read back and checked
+    ev = loopstudy("evaluate", "tiny", "eval.readout=max_conf", "--store", uri, "--num-cpus", "2", "--no-plot",
+                   env=env)
+    assert ev.returncode == 0 and "2 reading(s) of the stored weights of 2 trial(s)" in ev.stderr, ev.stderr[-3000:]
+    st = loopstudy("status", "tiny", "--store", plain, env=by_env)
+    assert "tiny: 2/2 trials complete" in st.stdout and "2 evaluation(s)" in st.stdout, st.stdout + st.stderr
 
 
 def test_refused_credentials_end_in_one_line_naming_what_to_set(s3_server, request):

@@ -49,6 +49,7 @@ matplotlib.rcParams.update({"pdf.fonttype": 42, "ps.fonttype": 42, "svg.hashsalt
 
 
 MAX_LEGEND = 8  # entries per axes; more settings are faceted into panels
+LEGEND_INSIDE = 4  # entries a legend may have inside its axes; a longer one goes below them
 
 
 @dataclass
@@ -274,7 +275,10 @@ def draw(ctx: Context, kind: str, style: Style):
             sub = dataclasses.replace(ctx, trials=ctx.trials.filter(pl.col("setting").is_in(group)), checkpoints=kept)
             FIGURES[kind](sub, ax, style)
             ax.grid(alpha=0.3)
-            if ax.get_legend_handles_labels()[0]:
+            entries = len(ax.get_legend_handles_labels()[0])
+            if entries > LEGEND_INSIDE:  # below the axes: inside, "best" still hides some line of a busy panel
+                ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
+            elif entries:
                 ax.legend(fontsize=7, loc="best")
         for ax in list(axes.flat)[len(groups):]:
             ax.set_visible(False)

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 from study.console import eprint
-from study.store.layout import figures_dir
+from study.store.layout import figures_dir, weights_file
 
 
 # -- trial -------------------------------------------------------------------------------------------------------------
@@ -35,7 +35,8 @@ def cmd_trial(args: argparse.Namespace) -> int:
                                 on_phase=lambda m: eprint(f"  {m}"))
     print(format_depth_rows(result.depth))
     if store is not None:
-        eprint(f"rows written to {store.uri} (study={args.study}, trial_id={tid})")
+        eprint(f"rows written to {store.uri} (study={args.study}, trial_id={tid}); weights: "
+               f"{store.uri}/{weights_file(args.study, tid)}")
     return 0
 
 

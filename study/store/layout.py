@@ -5,6 +5,7 @@
     <root>/_studies/<name>.yaml                           the spec a study was last run with
     <root>/_compacting/<name>.json                        per-trial files a running compaction is removing
     <root>/_tune/<name>/                                  Ray Tune's experiment state (checkpoints, resume)
+    <root>/_tune/_evaluate/<name>/                        the same for `loopstudy evaluate` of the study
     <root>/_leases/<name>.json                            the driver running the study (store/lease.py)
     <root>/_optuna/<name>.journal                         an Optuna search's study (optuna_storage.py)
     <root>/_tracking/<name>/                              MLflow's and W&B's local runs (tracking.py)
@@ -76,6 +77,12 @@ def tune_dir(root: str, study: str | None = None) -> str:
     """Where Tune keeps experiment state (of one study): beside the tables, ignored by readers. A URI keeps its
     query (endpoint, scheme, region) at the end."""
     return join(root, "_tune", *([study] if study else []))
+
+
+def evaluate_tune_dir(root: str) -> str:
+    """Where Tune keeps the experiments of `loopstudy evaluate` (one per study, apart from the study's own run, which
+    `loopstudy resume` restores); no study name starts with '_'."""
+    return join(root, "_tune", "_evaluate")
 
 
 def optuna_journal(root: str, study: str) -> str:
