@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The CPU showcase (README "Results"): six studies on the embedded Ray, then the tables and figures the README
+# The CPU showcase (README "Results"): seven studies on the embedded Ray, then the tables and figures the README
 # shows, regenerated from the stored Parquet alone. About two and a half hours on 2 cores (the depth study is 35
-# minutes of it, the overthinking study 40, ARC's 10x10 subset 26).
+# minutes of it, the overthinking study 40, ARC's 10x10 subset 26, the checkpoint study 3).
 # Interrupted? Run it again: trials complete in storage are skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,6 +21,9 @@ loopstudy plot depth --study cpu_depth_scaling --store "$STORE" --figures docs/f
 loopstudy table retention --study cpu_overthinking --store "$STORE" --format markdown
 loopstudy table overthinking --study cpu_overthinking --store "$STORE" --paper --wide --format markdown
 loopstudy plot overthinking --study cpu_overthinking --store "$STORE" --figures docs/figures  # the README's figure
+loopstudy run search_spaces/cpu/checkpoints.yaml --store "$STORE" --no-plot  # train once, keep checkpoints
+loopstudy evaluate cpu_checkpoints --checkpoints --store "$STORE" --no-plot   # ... read every one, no training
+loopstudy plot checkpoints --study cpu_checkpoints --store "$STORE" --figures docs/figures  # the README's figure
 loopstudy table depth --study cpu_arc_small --store "$STORE" --wide --format markdown  # pass@2 per puzzle
 loopstudy table depth --study cpu_arc_small --store "$STORE" --wide cell_acc --format markdown
 loopstudy plot depth --study cpu_arc_small --store "$STORE" --figures docs/figures  # the README's figure
