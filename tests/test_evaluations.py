@@ -183,6 +183,7 @@ def test_a_study_reads_eval_variants_from_one_training_and_evaluate_reads_checkp
                                            "last depths=[6, 12]"}
     page = open_results(tmp_path / "r").report("reads", tmp_path / "fig").read_text()
     assert 'id="table-checkpoints"' in page and 'id="figure-checkpoints"' in page
+    assert "4 readings of the trials" in page  # the summary counts the evaluations apart from the trials
     status = loopstudy("status", "reads", "--store", str(tmp_path / "r"))
     assert "reads: 4/4 trials complete" in status.stdout, status.stdout + status.stderr
     assert "4 evaluation(s) of their stored weights" in status.stdout  # evaluations of members are members

@@ -54,6 +54,9 @@ def summary_section(store: Store, study: str, ctx, headline: str) -> str:
     swept = [(c, sorted(map(_cell, ctx.trials[c].unique().to_list()))) for c in ctx.axes] or [("(nothing)", [])]
     rows = [("swept", "; ".join(f"{c}: {', '.join(v)}" if v else c for c, v in swept)),
             ("trials", ", ".join(f"{n} {k}" for k, n in counts.items() if n) or "none"),
+            *([("evaluations", f"{len(ctx.members.evaluations)} readings of the trials' stored weights (loopstudy "
+                f"evaluate), {0 if ctx.checkpoints is None else ctx.checkpoints.height} of them of weights kept "
+                "along training (checkpoints table)")] if ctx.members.evaluations else []),
             ("settings", str(ctx.trials["setting"].n_unique())),
             ("seeds", str(ctx.trials["seed"].n_unique()) if "seed" in ctx.trials.columns else "1")]
     table = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in rows)
