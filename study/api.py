@@ -63,9 +63,7 @@ class Results:
         """Every evaluation of the study's trained trials (loopstudy evaluate, and the spec's eval-only variants):
         one row per reading, its setting (named by what differs), the trained trial whose weights it read and at
         which training step, its eval_id and its final metrics; the trained trials themselves first."""
-        ctx = load_context(self.store, study, self.skip_bad, self.include_stale)
-        every = pl.concat([ctx.trials, ctx.checkpoints], how="diagonal_relaxed") if ctx.checkpoints is not None \
-            else ctx.trials
+        every = load_context(self.store, study, self.skip_bad, self.include_stale).every_trial
         metrics = [m for m in METRICS if m in every.columns and every[m].is_not_null().any()]
         return every.select(
             "trial_id", "setting", "seed", pl.coalesce("weights_of", "trial_id").alias("trained_trial"),

@@ -293,8 +293,7 @@ def fingerprint(ctx: Context, kinds: list[str], style: Style) -> str:
     and the package version. The same fingerprint means the same figures."""
     import study
 
-    trials = pl.concat([ctx.trials, ctx.checkpoints], how="diagonal_relaxed") if ctx.checkpoints is not None \
-        else ctx.trials
+    trials = ctx.every_trial
     key = sorted(zip(trials["trial_id"].to_list(), map(str, trials["ended"].to_list())))
     text = json.dumps([key, kinds, style.paper, study.__version__])
     return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -106,6 +106,13 @@ class Context:
     checkpoints: pl.DataFrame | None = None
 
     @property
+    def every_trial(self) -> pl.DataFrame:
+        """Its trials and its readings of weights kept along training, in one frame."""
+        if self.checkpoints is None or self.checkpoints.height == 0:
+            return self.trials
+        return pl.concat([self.trials, self.checkpoints], how="diagonal_relaxed")
+
+    @property
     def value_axes(self) -> list[str]:
         """The axes worth their own column: a variant's name is already the setting."""
         return [a for a in self.axes if a != "label"]
