@@ -87,7 +87,7 @@ def training_check(size: dict, device: str, steps: int) -> dict:
     from study.models.reasoner import build_reasoner
     from study.tasks import TASKS, Split
     from study.tasks.loader import Task
-    from study.train import Trainer
+    from study.trial.train import Trainer
 
     g = size["grid"]
     tcfg = TaskConfig(size=g, blanks=(2, 4), n_train=max(1024, size["batch"]), n_test=16, augment=False)

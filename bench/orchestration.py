@@ -1,6 +1,6 @@
 """Benchmark: Ray Tune overhead. 40 trials of a 2-second trainable on the embedded Ray with 2 CPUs.
 
-Uses the launcher's own Ray start-up (study.launch.init_ray) and run settings (local storage, FailureConfig,
+Uses the launcher's own Ray start-up (study.run.driver.init_ray) and run settings (local storage, FailureConfig,
 actor reuse, the progress callback). Theoretical minimum = 40 x 2 s / 2 CPUs = 40 s; reports wall time
 (Tuner.fit only, Ray already up) over that minimum. Target <= 1.25. The last line printed is JSON.
 """
@@ -32,8 +32,8 @@ def main() -> None:
 
     from ray import tune
 
-    from study.launch import init_ray
-    from study.progress import Progress
+    from study.run.session import init_ray
+    from study.run.progress import Progress
 
     init_ray(None, num_cpus=args.cpus)
     with tempfile.TemporaryDirectory() as root:

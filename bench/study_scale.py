@@ -44,9 +44,9 @@ BARE = """
 import json, sys
 from ray import tune
 from study.config import build_trial
-from study.launch import init_ray
+from study.run.session import init_ray
 from study.store import Store
-from study.trial import run_trial
+from study.trial.execute import run_trial
 
 def bare(config):
     metrics, _ = run_trial(build_trial(config["trial"]), study_name="bare", store=Store(config["store"]))

@@ -108,7 +108,7 @@ class TrialRecord:
     step: int | None = None
     objective: float | None = None
     spec_hash: str | None = None
-    # Train once, read many (study.evaluations): every row says which evaluation of which weights it is. eval_id:
+    # Train once, read many (study.run.plan): every row says which evaluation of which weights it is. eval_id:
     # hash of the eval section; weights_of: the trial whose stored weights it read (None: its own training);
     # weights_step: the training step of the weights it read. A trained trial keeps its final weights (sha256,
     # bytes) and, with train.keep_checkpoints, weights along training (checkpoints: JSON {step: sha256}).

@@ -225,7 +225,7 @@ def test_python_api_gives_lazy_frames_with_config_tables_and_figures_without_tor
     code = f"""
 import sys
 import polars as pl
-from study.api import open_results
+from study.analysis.results import open_results
 res = open_results({store.uri!r})
 depth = res.frame("depth_eval", "hand")
 assert isinstance(depth, pl.LazyFrame)

@@ -25,7 +25,7 @@ from study.tasks.arc import (
     vote,
 )
 from study.tasks.loader import load_task
-from study.trial import run_trial
+from study.trial.execute import run_trial
 
 
 @pytest.mark.parametrize("dataset", ["arc_agi_1", "arc_agi_2"])
@@ -229,7 +229,7 @@ def test_published_arc_rows_join_only_a_study_of_the_whole_benchmark(tmp_path):
 
 
 def test_a_search_for_arcs_pass_at_2_on_another_task_is_refused(tmp_path):
-    from study.config import ConfigError
+    from study.errors import ConfigError
     from study.spec import study_from_data
 
     spec = {"name": "s", "task": {"name": "sudoku", "size": 4},

@@ -15,10 +15,11 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from study.config import MAX_DEPTH_LAYERS, ConfigError, load_trial, trial_id
+from study.config import MAX_DEPTH_LAYERS, load_trial, trial_id
+from study.errors import ConfigError, DataError, StoreError
 from study.spec import load_study
-from study.store import SCHEMAS, Store, StoreError
-from study.tasks import DataError, sudoku
+from study.store import SCHEMAS, Store
+from study.tasks import sudoku
 from study.tasks.loader import load_task
 
 from .conftest import REPO
@@ -112,7 +113,7 @@ def test_bad_spec_values_are_refused_naming_file_and_key(tmp_path, text, needles
 
 
 def test_cuda_without_gpus_is_refused_before_any_trial(tmp_path):
-    from study.preflight import check_resources
+    from study.run.preflight import check_resources
 
     study = load_study(write(tmp_path, BASE + "train: {device: cuda}\n"))
     with pytest.raises(ConfigError, match="train.device is 'cuda' but resources.gpu=0"):
@@ -318,7 +319,7 @@ def test_random_mutations_of_the_smoke_spec_are_refused_cleanly_or_run_to_comple
     does before Ray starts), or every trial it expands to trains and evaluates to completion."""
     from study.config import build_trial, to_dict
     from study.spec import Study
-    from study.trial import run_trial
+    from study.trial.execute import run_trial
 
     base = yaml.safe_load((REPO / "search_spaces" / "smoke.yaml").read_text())
     for section, values in FAST.items():

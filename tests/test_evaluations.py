@@ -1,4 +1,4 @@
-"""Train once, read many times: stored weights, evaluations of them, checkpoints along training (study.evaluations,
+"""Train once, read many times: stored weights, evaluations of them, checkpoints along training (study.run.plan,
 study/weights.py, `loopstudy evaluate`)."""
 
 import hashlib
@@ -10,16 +10,18 @@ import polars as pl
 import pytest
 from safetensors import safe_open
 
-from study.api import open_results
+from study.analysis.results import open_results
 from study.config import build_trial, reading_id, to_dict, trial_id
-from study.evaluations import Reading, pending_work
-from study.launch import save_spec
+from study.errors import StoreError
 from study.models.reasoner import build_reasoner
+from study.run.driver import save_spec
+from study.run.plan import pending_work
 from study.spec import load_study
-from study.store import Store, StoreError
+from study.store import Store
 from study.store.layout import weights_file
 from study.tasks.loader import load_task
-from study.trial import evaluate_stored, run_trial
+from study.trial.execute import evaluate_stored, run_trial
+from study.trial.work import Reading
 
 from .conftest import REPO
 

@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from study.config import ConfigError, EvalConfig, ModelConfig, TaskConfig, TrainConfig, build_trial, trial_id
+from study.config import EvalConfig, ModelConfig, TaskConfig, TrainConfig, build_trial, trial_id
+from study.errors import ConfigError
 from study.evaluate import RolloutPlan, batch_slices, evaluate, rollout_batch
 from study.models import build_reasoner
 from study.tasks import IGNORE, TASKS, Split
 from study.tasks.loader import Task, load_task
-from study.train import Trainer
+from study.trial.train import Trainer
 
 from .conftest import REPO
 

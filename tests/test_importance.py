@@ -5,8 +5,8 @@ from datetime import UTC, datetime
 import pytest
 
 from study.analysis.importance import importance
-from study.analysis.tables import AnalysisError
 from study.config import TrialConfig, to_dict
+from study.errors import AnalysisError
 from study.store import Store, config_row
 
 

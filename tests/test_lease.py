@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from study.store import Store, StoreError
+from study.errors import StoreError
+from study.store import Store
 from study.store.lease import StudyLease, lease_file
 
 

@@ -7,9 +7,9 @@ import pytest
 from study.analysis.tables import build_table, list_studies
 from study.cli import main
 from study.config import to_dict, trial_id
-from study.launch import save_spec
-from study.membership import membership
+from study.run.driver import save_spec
 from study.spec import load_study
+from study.spec.membership import membership
 from study.store import Store, config_row
 
 from .test_bad_input import csv_rows, write_csv

@@ -1,4 +1,4 @@
-"""The statement of which fields a trial reads (study.config.reads): complete, true of the model, and used to
+"""The statement of which fields a trial reads (study.config.usage): complete, true of the model, and used to
 refuse sweeps that cannot change anything."""
 
 import dataclasses
@@ -6,8 +6,9 @@ import dataclasses
 import pytest
 import torch
 
-from study.config import ConfigError, TrialConfig, flatten, to_dict
-from study.config.reads import ALWAYS_READ, READ_WHEN, unread
+from study.config import TrialConfig, flatten, to_dict
+from study.config.usage import ALWAYS_READ, READ_WHEN, unread
+from study.errors import ConfigError
 from study.models.reasoner import build_reasoner
 from study.spec import load_study
 from study.tasks import COMMON_FIELDS, TASKS

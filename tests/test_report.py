@@ -24,7 +24,7 @@ def chromium(*args, timeout=120):
 @pytest.fixture(scope="module")
 def page(store, tmp_path_factory):  # noqa: F811
     store.put_text("_studies/hand.yaml", "name: hand\nsweep: {grid: {model.carry.rule: [carry_last, infiloop]}}\n")
-    # the hand-made trials are not what this spec resolves to (study.membership calls them stale): include them
+    # the hand-made trials are not what this spec resolves to (study.spec.membership calls them stale): include them
     return report(store, "hand", tmp_path_factory.mktemp("report") / "hand.html", include_stale=True)
 
 

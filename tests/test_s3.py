@@ -8,7 +8,8 @@ import sys
 import polars as pl
 import pytest
 
-from study.store import Store, StoreError
+from study.errors import StoreError
+from study.store import Store
 
 from .conftest import REPO
 from .test_store import SAMPLES, write_trial

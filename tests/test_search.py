@@ -5,10 +5,11 @@ import optuna
 import pytest
 from ray import tune
 
-from study.config import ConfigError
-from study.optuna_storage import check_location, prepare, storage_location
-from study.search import StoppedIsPruned
+from study.errors import ConfigError
+from study.run.optuna_storage import prepare
+from study.run.search import StoppedIsPruned
 from study.spec import load_study
+from study.spec.optuna_location import check_location, storage_location
 
 from .conftest import REPO
 

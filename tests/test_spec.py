@@ -4,8 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from study.config import ConfigError, trial_id
-from study.preflight import check_resources
+from study.config import trial_id
+from study.errors import ConfigError
+from study.run.preflight import check_resources
 from study.spec import load_study
 
 from .conftest import REPO
@@ -81,7 +82,7 @@ def test_gpus_asked_of_a_cpu_only_cluster_are_refused_before_any_trial(tmp_path)
 def test_head_local_storage_with_remote_nodes_is_refused_with_what_to_use(monkeypatch):
     import ray
 
-    from study.preflight import check_storage
+    from study.run.preflight import check_storage
 
     monkeypatch.setattr(ray.util, "get_node_ip_address", lambda: "10.0.0.1")  # the driver's node on a real cluster
     nodes = [{"NodeManagerAddress": "10.0.0.1"}, {"NodeManagerAddress": "10.0.0.7"}]

@@ -8,7 +8,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from study.config import TrialConfig, to_dict
-from study.store import SCHEMAS, Store, StoreError, config_row, schema
+from study.errors import StoreError
+from study.store import SCHEMAS, Store, config_row, schema
 
 
 def trial_row(**kw):
@@ -104,7 +105,7 @@ def test_row_dataclasses_match_the_schemas():
     import dataclasses
 
     from study.evaluate import DepthRow, DynamicsRow, PerturbationRow
-    from study.train import TrainLog
+    from study.trial.train import TrainLog
 
     for cls, table in ((DepthRow, "depth_eval"), (DynamicsRow, "dynamics"), (PerturbationRow, "perturbation"),
                        (TrainLog, "train_curve")):

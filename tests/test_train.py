@@ -8,7 +8,7 @@ from study.config import CarryConfig, EvalConfig, ModelConfig, TaskConfig, Train
 from study.evaluate import evaluate
 from study.models.reasoner import build_reasoner
 from study.tasks.loader import load_task
-from study.train import Trainer, seed_everything, stablemax_log_probs
+from study.trial.train import Trainer, seed_everything, stablemax_log_probs
 
 
 def make_trainer(task, train_cfg, model_cfg, seed=0):
@@ -67,10 +67,10 @@ def test_stablemax_is_a_normalised_distribution():
 
 @pytest.mark.parametrize("metric", ["final_exact_acc", "best_exact_acc", "final_cell_acc", "final_train_loss"])
 def test_a_resampled_complete_trial_reports_its_stored_value_of_every_metric(tmp_path, metric):
-    """What the trainable hands Tune/Optuna for a trial already complete in storage (study.trainable)."""
+    """What the trainable hands Tune/Optuna for a trial already complete in storage (study.run.trainable)."""
     from study.metrics import METRICS
+    from study.run.trainable import stored_metrics
     from study.store import Store
-    from study.trainable import stored_metrics
 
     from .test_store import SAMPLES, write_trial
 

@@ -8,7 +8,7 @@ import math
 
 import polars as pl
 
-from study.analysis import AnalysisError
+from study.errors import AnalysisError
 from study.metrics import FORMATS
 
 

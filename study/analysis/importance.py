@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import polars as pl
 
-from study.analysis.tables import NOT_AXES, AnalysisError, config_columns, load_context
+from study.analysis.tables import NOT_AXES, config_columns, load_context
+from study.errors import AnalysisError
 from study.metrics import DEFAULT_METRIC, METRICS
 from study.store import Store
 

@@ -18,7 +18,8 @@ import polars as pl
 
 from study.analysis.figures import plot
 from study.analysis.formatting import _cell
-from study.analysis.tables import TABLES, AnalysisError, build_table, config_columns, load_context
+from study.analysis.tables import TABLES, build_table, config_columns, load_context
+from study.errors import AnalysisError
 from study.metrics import METRICS
 from study.store import Store
 from study.store.layout import figures_dir, spec_file

@@ -15,14 +15,14 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from study.analysis import AnalysisError
 from study.analysis.published import paper_rows, study_task
 from study.config import NON_IDENTITY, layers_per_step
 from study.console import eprint
-from study.membership import KINDS, Membership, membership
+from study.errors import AnalysisError, StoreError
 from study.metrics import METRICS
+from study.spec.membership import KINDS, Membership, membership
 from study.store import TABLES as STORE_TABLES
-from study.store import Store, StoreError
+from study.store import Store
 
 # Config columns that never define a group: the seed, and the fields that cannot change a trial's results.
 NOT_AXES = {"seed"} | {f"{section}.{name}" for section, name in NON_IDENTITY}
@@ -135,7 +135,7 @@ class Context:
 
 
 def load_context(store: Store, study: str, skip_bad: bool = False, include_stale: bool = False) -> Context:
-    """The study's complete member trials (study.membership) with their setting labels; include_stale: the
+    """The study's complete member trials (study.spec.membership) with their setting labels; include_stale: the
     complete trials of earlier versions of its spec too. Says on stderr how many were left out."""
     studies = store.studies()
     if study not in studies:
@@ -161,7 +161,7 @@ def load_context(store: Store, study: str, skip_bad: bool = False, include_stale
 
 
 def reads_along_training() -> pl.Expr:
-    """Per trials row: an evaluation of weights kept before training ended (study.evaluations)."""
+    """Per trials row: an evaluation of weights kept before training ended (study.run.plan)."""
     return (pl.col("weights_of").is_not_null() & (pl.col("weights_step") < pl.col("train.steps"))).fill_null(False)
 
 
@@ -360,7 +360,7 @@ def applies(kind: str, ctx: Context) -> str | None:
 
 
 def list_studies(store: Store) -> pl.DataFrame:
-    """Studies with their trials by kind (study.membership: complete, stopped, running, failed, pending, stale)
+    """Studies with their trials by kind (study.spec.membership: complete, stopped, running, failed, pending, stale)
     and whether they are compacted; the same counts as `loopstudy status`."""
     rows = []
     for s in store.studies():

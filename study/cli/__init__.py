@@ -1,7 +1,8 @@
 """`loopstudy`: run studies on Ray, run one trial, and read results back as tables, figures and SQL.
 
 `parser` builds the command line, `commands` holds one function per command; `main` is the one error boundary:
-every refusal of bad input, from any command, ends as one `loopstudy: ...` line on stderr and exit 2.
+every refusal of bad input, from any command, ends as one `loopstudy: ...` line on stderr and the error's exit
+code (study.errors: 2 for bad input, 1 for a training that cannot go on).
 """
 
 from __future__ import annotations
@@ -41,24 +42,17 @@ def main(argv: list[str] | None = None) -> int:
         args.study = args.study_pos or args.study
         if not args.study:
             parser.error(f"{args.command}: give the study (STUDY or --study NAME)")
-    from study.analysis.tables import AnalysisError
-    from study.config import ConfigError
-    from study.errors import TrainingError
-    from study.store import StoreError
-    from study.tasks.base import DataError
+    from study.errors import LoopstudyError
 
     try:
         return args.func(args)
-    except (ConfigError, StoreError, AnalysisError, DataError) as e:
+    except LoopstudyError as e:  # bad input (2) or a training that cannot go on (1): one line, no traceback
         eprint(f"loopstudy: {e}")
-        return 2
+        return e.exit_code
     except FileNotFoundError as e:  # a compaction removed files this read had listed: never a wrong answer
         eprint(f"loopstudy: a results file went away while it was being read ({e}); a `loopstudy compact` "
                "probably ran at the same time: run the command again")
         return 2
-    except TrainingError as e:
-        eprint(f"loopstudy: {e}")
-        return 1
     except BrokenPipeError:  # `loopstudy table ... | head`: the reader has what it wanted; stay quiet, as cat does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes stdout
         return 141

@@ -19,7 +19,7 @@ from study.store.layout import figures_dir, weights_file
 def cmd_trial(args: argparse.Namespace) -> int:
     from study.config import load_trial, trial_id
     from study.store import Store
-    from study.trial import run_trial
+    from study.trial.execute import run_trial
 
     cfg = load_trial(args.config, args.overrides)
     store = None if args.no_store else Store(args.store)  # a bad root fails now, not after training
@@ -58,7 +58,8 @@ def format_depth_rows(rows) -> str:
 # -- studies on Ray ----------------------------------------------------------------------------------------------------
 def print_main_table(store_root: str, study: str) -> None:
     from study.analysis.formatting import format_table
-    from study.analysis.tables import AnalysisError, build_table
+    from study.analysis.tables import build_table
+    from study.errors import AnalysisError
 
     try:
         print(format_table(build_table(_store(store_root), study, "depth")))
@@ -67,7 +68,7 @@ def print_main_table(store_root: str, study: str) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from study.launch import run_study, storage_root
+    from study.run.driver import run_study, storage_root
     from study.spec import load_study
 
     study = load_study(args.spec, args.overrides)
@@ -102,11 +103,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from study.analysis.formatting import format_table
-    from study.analysis.tables import AnalysisError, build_table
+    from study.analysis.tables import build_table
     from study.config import flatten, parse_overrides
-    from study.evaluations import check_eval_overrides
-    from study.launch import evaluate_study
+    from study.errors import AnalysisError
     from study.paths import resolve_root
+    from study.run.driver import evaluate_study
+    from study.run.plan import check_eval_overrides
 
     overrides = flatten(parse_overrides(args.overrides))
     check_eval_overrides(overrides)  # before anything is read or started
@@ -131,7 +133,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from study.launch import resume_study
+    from study.run.driver import resume_study
 
     out = resume_study(args.study, storage=args.store, address=args.address, verbose=args.verbose)
     from study.paths import resolve_root
@@ -142,7 +144,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from study.launch import submit_study
+    from study.run.submit import submit_study
     from study.spec import load_study
 
     load_study(args.spec, args.overrides)  # fail here, not on the cluster
@@ -158,9 +160,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    """The study's trials by kind (study.membership), from storage alone: the same counts as `ls`. No Ray."""
-    from study.membership import KINDS, membership
+    """The study's trials by kind (study.spec.membership), from storage alone: the same counts as `ls`. No Ray."""
     from study.spec import load_saved_study
+    from study.spec.membership import KINDS, membership
 
     store = _store(args.store)
     load_saved_study(store, args.study)  # says which studies exist when this one does not
@@ -244,7 +246,7 @@ def cmd_compact(args: argparse.Namespace) -> int:
 def cmd_importance(args: argparse.Namespace) -> int:
     from study.analysis.formatting import format_table
     from study.analysis.importance import importance
-    from study.membership import membership
+    from study.spec.membership import membership
 
     store = _store(args.store)
     counts = membership(store, args.study).counts()

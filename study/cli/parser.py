@@ -16,7 +16,8 @@ STORE_HELP = "results root: a path, an NFS path or s3://bucket/prefix"
 
 def study_name(value: str) -> str:
     """argparse type for study names: the store's one rule, refused before anything runs."""
-    from study.config import ConfigError, check_study_name
+    from study.errors import ConfigError
+    from study.store.names import check_study_name
 
     try:
         return check_study_name(value)
@@ -91,11 +92,11 @@ def add_trial(sub) -> None:
     t.set_defaults(func=cmd.cmd_trial)
 
 
-TRACKERS = ("tensorboard", "mlflow", "wandb")  # the spec's tracking section's switches (study.spec_schema.TrackingSpec)
+TRACKERS = ("tensorboard", "mlflow", "wandb")  # the spec's tracking section's switches (study.spec.schema.TrackingSpec)
 
 
 def add_run(sub) -> None:
-    from study.launch import COMPACT_AT  # Ray-free at import
+    from study.run.driver import COMPACT_AT  # Ray- and torch-free at import
 
     r = sub.add_parser("run", help="run a study (grid or Optuna) on Ray Tune and print its depth table",
                        description="Run a study spec on Ray Tune. Trials already complete in the store are skipped. "

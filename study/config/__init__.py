@@ -1,13 +1,12 @@
 """Trial configuration, torch-free: the schema (`schema`), allowed ranges (`bounds`), trial identity
-(`identity`), reading YAML and overrides (`loading`), and the study-name rule (`names`).
+(`identity`), reading YAML and overrides (`loading`).
 
 Every config is a pydantic dataclass that forbids unknown keys; impossible values raise ValueError naming the
 dotted key, the value and what is allowed; `build_trial` / `load_trial` turn them into one ConfigError line per
 problem.
 """
 
-from study.config.bounds import MAX_DEPTH_LAYERS, Bound, check_bounds
-from study.config.errors import ConfigError
+from study.bounds import MAX_DEPTH_LAYERS, Bound, check_bounds
 from study.config.identity import (
     ADDED_LATER,
     DATA_FILES,
@@ -34,7 +33,6 @@ from study.config.loading import (
     resolve_data_paths,
     set_dotted,
 )
-from study.config.names import STUDY_NAME, check_study_name, is_study_name
 from study.config.schema import (
     RULES,
     CarryConfig,
@@ -51,10 +49,10 @@ from study.config.schema import (
 )
 
 __all__ = [
-    "ADDED_LATER", "DATA_FILES", "MAX_DEPTH_LAYERS", "NON_IDENTITY", "RULES", "STUDY_NAME", "Bound",
-    "CarryConfig", "ConfigError", "EvalConfig", "HaltingConfig", "ModelConfig", "Placement", "Rule", "TaskConfig",
+    "ADDED_LATER", "DATA_FILES", "MAX_DEPTH_LAYERS", "NON_IDENTITY", "RULES", "Bound",
+    "CarryConfig", "EvalConfig", "HaltingConfig", "ModelConfig", "Placement", "Rule", "TaskConfig",
     "TaskName", "TrainConfig", "TrialConfig", "absolute_data_path", "allowed_keys", "build_trial", "check_bounds",
-    "check_data", "check_study_name", "describe_error", "eval_id", "eval_keys", "file_digest", "flatten",
-    "is_study_name", "layers_per_step", "load_trial", "load_yaml", "merge", "parse_overrides", "reading_id",
+    "check_data", "describe_error", "eval_id", "eval_keys", "file_digest", "flatten",
+    "layers_per_step", "load_trial", "load_yaml", "merge", "parse_overrides", "reading_id",
     "resolve_data_paths", "set_dotted", "to_dict", "training_id", "trial_id",
 ]

@@ -11,8 +11,8 @@ import json
 import os
 from typing import Any
 
-from study.config.errors import ConfigError
 from study.config.schema import TrialConfig
+from study.errors import ConfigError
 
 # Fields that do not change a trial's results, so they stay out of its identity.
 NON_IDENTITY = {("task", "cache_dir"), ("train", "log_every"), ("train", "checkpoint_every"), ("train", "threads"),

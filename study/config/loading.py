@@ -10,9 +10,9 @@ from typing import Any, get_type_hints
 from pydantic import TypeAdapter, ValidationError
 
 from study.config import yamltext
-from study.config.errors import ConfigError
 from study.config.identity import DATA_FILES
 from study.config.schema import TrialConfig
+from study.errors import ConfigError
 from study.paths import is_uri
 
 
@@ -140,7 +140,7 @@ def load_trial(path: str | Path, overrides: list[str] | None = None) -> TrialCon
 def check_data(configs: list[TrialConfig], source: str) -> None:
     """The task data files the configs read, read once each up front (study.tasks.loader.check_data_files); a
     problem is a ConfigError naming `source`, the data file and its line."""
-    from study.tasks import DataError
+    from study.errors import DataError
     from study.tasks.loader import check_data_files  # reads CSVs: only when a config names one
 
     try:

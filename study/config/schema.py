@@ -1,5 +1,5 @@
 """The trial configuration schema: one pydantic dataclass per section (task, model, train, eval), each forbidding
-unknown keys, with every allowed range declared beside its field (study.config.bounds) and the few rules that
+unknown keys, with every allowed range declared beside its field (study.bounds) and the few rules that
 tie fields together in __post_init__. Torch-free, so analysis and spec checks never import torch.
 """
 
@@ -12,7 +12,7 @@ from typing import Annotated, Literal, get_args
 
 from pydantic.dataclasses import dataclass as pdataclass
 
-from study.config.bounds import MAX_DEPTH_LAYERS, Bound, check_bounds
+from study.bounds import MAX_DEPTH_LAYERS, Bound, check_bounds
 from study.tasks import COMMON_FIELDS, TASKS
 
 TaskName = Literal[tuple(TASKS)]  # every module in study/tasks/ with a TASK

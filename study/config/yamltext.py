@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from study.config.errors import ConfigError
+from study.errors import ConfigError
 
 MAX_BYTES = 1 << 20
 MAX_ALIASES = 100

@@ -1,8 +1,9 @@
 """The results store: every trial's rows as Parquet, under a local, NFS or object-store root. Torch-free.
 
-`Store` is the public face; the private modules beside it each do one job: `layout` (where files live), `schema`
-(each table's columns, from study.rows), `files` (the file system, atomic writes), `integrity` (whether a file
-may be read), `listing` (which files belong to a study), `read`, `completeness` and `compaction`.
+`Store` is the public face; the private modules beside it each do one job: `layout` (where files live), `names`
+(what a study may be called), `schema` (each table's columns, from study.rows), `files` (the file system, atomic
+writes), `integrity` (whether a file may be read), `listing` (which files belong to a study), `scan` (reading a
+table), `completeness` and `compaction`.
 
 The contract, stated once:
 - Layout: `<root>/<table>/study=<name>/<trial_id>.parquet`, one file per trial per table, plus a study's
@@ -36,25 +37,25 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from study.config import check_study_name
+from study.errors import StoreError
 from study.paths import resolve_root
-from study.store import compaction, completeness, listing, read
+from study.store import compaction, completeness, listing, scan
 from study.store.files import Root
 from study.store.integrity import has_parquet_tail
 from study.store.layout import COMPACTED, TRIAL_FILE, file_trial_id, trial_file
 from study.store.lease import StudyLease
+from study.store.names import check_study_name
 from study.store.schema import (
     SCHEMA_VERSION,
     SCHEMAS,
     TABLES,
-    StoreError,
     config_row,
     schema,
     table_rows,
     trials_schema,
 )
 
-__all__ = ["COMPACTED", "SCHEMAS", "SCHEMA_VERSION", "TABLES", "Store", "StoreError", "config_row",
+__all__ = ["COMPACTED", "SCHEMAS", "SCHEMA_VERSION", "TABLES", "Store", "config_row",
            "file_trial_id", "has_parquet_tail", "now_utc", "resolve_root", "schema", "trials_schema"]
 
 
@@ -136,11 +137,11 @@ class Store:
 
     def scan(self, table: str, study: str | None = None, skip_bad: bool = False):
         """The table as a Polars LazyFrame with a `study` column; per-trial and compacted rows, each trial once."""
-        return read.scan(self._root, table, study if study is None else check_study_name(study), skip_bad)
+        return scan.scan(self._root, table, study if study is None else check_study_name(study), skip_bad)
 
     def read(self, table: str, study: str | None = None, skip_bad: bool = False) -> pa.Table:
         """All rows of `table` (one study or all), with a `study` column, under the table's current schema."""
-        return read.read(self._root, table, study if study is None else check_study_name(study), skip_bad)
+        return scan.read(self._root, table, study if study is None else check_study_name(study), skip_bad)
 
     # -- completeness ----------------------------------------------------------------------------------------------
     def completed_trials(self, study: str) -> set[str]:

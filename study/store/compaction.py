@@ -25,7 +25,7 @@ from study.store.completeness import compacted_ids, completed_trials
 from study.store.files import Root
 from study.store.layout import LEGACY_COMPACTED, compacted_file, compacting_marker, file_trial_id
 from study.store.listing import compacted_path, list_table
-from study.store.read import scan, sources
+from study.store.scan import scan, sources
 from study.store.schema import TABLES, schema
 
 

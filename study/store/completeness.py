@@ -13,7 +13,7 @@ from study.store.files import Root
 from study.store.integrity import check_file, sound
 from study.store.layout import trial_file
 from study.store.listing import compacted_path, sound_trial_ids
-from study.store.read import scan
+from study.store.scan import scan
 from study.store.schema import TABLES, schema, trials_schema
 
 

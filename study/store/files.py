@@ -12,9 +12,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from study.atomic import atomic_target, write_bytes
-from study.paths import is_uri
-from study.store.schema import StoreError
+from study.errors import StoreError
+from study.paths import atomic_target, is_uri, write_bytes
 
 # What names an object store's endpoint, credentials and region in the environment (pyarrow, Polars and the AWS SDK
 # read them): `loopstudy submit` carries those that are set to the job, whose driver and trials then reach the same
@@ -155,7 +154,7 @@ class Root:
         return out
 
     def write_table(self, data: pa.Table, final: str) -> None:
-        """A Parquet file, atomically (see study.atomic)."""
+        """A Parquet file, atomically (see study.paths)."""
         with atomic_target(final, self.fs) as tmp:
             pq.write_table(data, tmp, filesystem=self.fs)
 

@@ -17,8 +17,8 @@ import time
 import uuid
 from datetime import UTC, datetime
 
+from study.errors import StoreError
 from study.store.files import Root
-from study.store.schema import StoreError
 
 LEASE_S = 60.0  # a lease not renewed for this long belongs to a driver that is gone
 RENEW_S = 15.0

@@ -14,7 +14,6 @@ import os
 
 import pyarrow.fs as pafs
 
-from study.config import check_study_name, is_study_name
 from study.store.files import Entry, Root
 from study.store.integrity import has_parquet_tail, sound
 from study.store.layout import (
@@ -27,6 +26,7 @@ from study.store.layout import (
     study_of_dir,
     table_dir,
 )
+from study.store.names import check_study_name, is_study_name
 from study.store.schema import TABLES, schema
 
 

@@ -13,15 +13,12 @@ from typing import Any, Literal
 import pyarrow as pa
 
 from study.config import TrialConfig, flatten
+from study.errors import StoreError
 from study.metrics import METRICS
 from study.rows import ROWS, TrialRecord
 
 SCHEMA_VERSION = 1
 _KEY = [pa.field("trial_id", pa.string()), pa.field("schema_version", pa.int32())]
-
-
-class StoreError(Exception):
-    """A problem reading or writing the results store; the message says what and where."""
 
 
 def arrow_type(tp: Any) -> pa.DataType:

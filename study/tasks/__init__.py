@@ -4,7 +4,7 @@ state tracking. Adding a task is adding a module here. `study.tasks.loader.load_
 import importlib
 import pkgutil
 
-from study.tasks.base import COMMON_FIELDS, IGNORE, DataError, Split, TaskDef, TaskSpec, accuracies
+from study.tasks.base import COMMON_FIELDS, IGNORE, Split, TaskDef, TaskSpec, accuracies
 
 
 def _discover() -> dict[str, TaskDef]:
@@ -20,4 +20,4 @@ def _discover() -> dict[str, TaskDef]:
 
 TASKS: dict[str, TaskDef] = _discover()
 
-__all__ = ["COMMON_FIELDS", "IGNORE", "TASKS", "DataError", "Split", "TaskDef", "TaskSpec", "accuracies"]
+__all__ = ["COMMON_FIELDS", "IGNORE", "TASKS", "Split", "TaskDef", "TaskSpec", "accuracies"]

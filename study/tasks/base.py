@@ -15,10 +15,6 @@ COMMON_FIELDS = ("name", "n_train", "n_test", "data_seed", "cache_dir")  # TaskC
 IGNORE = -100  # label value for positions that carry no target (padding)
 
 
-class DataError(ValueError):
-    """Bad task data (a CSV that breaks its format or the puzzle's rules); the message names file and line."""
-
-
 @dataclass
 class Split:
     """One set of samples: inputs and labels (N, S) int64, difficulty (N,) int64."""
@@ -72,7 +68,7 @@ class TaskDef:
     reads_csv: task.csv / task.test_csv apply (load_csv(path, cfg, limit) reads them). free_cells(split): (N, S)
     the cells a solver must fill, for the stability diagnostics (default: every scored cell; sudoku: the blanks).
     reads: the task-specific TaskConfig fields this task reads (beside COMMON_FIELDS, which every task reads): the
-    one statement that TaskConfig's refusals and the sweep checks (study.config.reads) use. vote(cfg, preds, conf,
+    one statement that TaskConfig's refusals and the sweep checks (study.config.usage) use. vote(cfg, preds, conf,
     difficulty): a task scored per pooled answer rather than per sample (ARC): {difficulty or None: {column: value}}
     for the depth rows' VOTE_COLUMNS.
     """

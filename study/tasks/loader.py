@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from study.atomic import atomic_target
-from study.paths import machine_cache
+from study.errors import DataError
+from study.paths import atomic_target, machine_cache
 from study.tasks import TASKS
-from study.tasks.base import DataError, Split, TaskSpec
+from study.tasks.base import Split, TaskSpec
 
 if TYPE_CHECKING:  # the config layer sits above the tasks: names only, no import at run time
     from study.config import TaskConfig, TrialConfig

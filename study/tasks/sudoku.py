@@ -13,7 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from study.tasks.base import DataError, Split, TaskDef, TaskSpec
+from study.errors import DataError
+from study.tasks.base import Split, TaskDef, TaskSpec
 
 BOXES = {4: (2, 2), 6: (2, 3), 9: (3, 3)}
 # Blank counts the greedy remover reaches reliably. Above these it would search for a very long time

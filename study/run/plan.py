@@ -2,7 +2,7 @@
 
 An evaluation reads a trained trial's stored weights (study/weights.py) under another eval section, and is stored
 as a trial of its own: a trials row (`weights_of` = the trained trial, `weights_step`, `eval_id`), its depth_eval,
-dynamics and perturbation rows, and an empty train_curve, so every reader (tables, figures, report, study.api,
+dynamics and perturbation rows, and an empty train_curve, so every reader (tables, figures, report, the Python API,
 DuckDB) sees it as one more setting, named by the eval keys that differ. Its trial id is the one the trial would
 have had with that eval section (config.reading_id), so a spec that lists it finds it complete; one that reads
 weights kept along training (`--checkpoints`) has an id of its own per step.
@@ -17,61 +17,11 @@ The rules, stated once:
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
 from typing import Any
 
-from study.config import ConfigError, TrialConfig, build_trial, eval_keys, reading_id, to_dict, training_id, trial_id
-
-
-@dataclass(frozen=True)
-class Reading:
-    """One evaluation of stored weights: the full config it runs under and the training step of the weights it
-    reads (None: the final ones)."""
-
-    cfg: TrialConfig
-    step: int | None = None
-
-    @property
-    def tid(self) -> str:
-        return reading_id(self.cfg, self.step)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"config": to_dict(self.cfg), "step": self.step}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any], source: str) -> Reading:
-        return cls(build_trial(data["config"], source), data.get("step"))
-
-
-@dataclass
-class WorkItem:
-    """What one Tune trial does: train `train` (None: nothing to train) and then evaluate `readings` from the
-    trained weights: those it just trained, else the stored ones of trial `weights_of`."""
-
-    train: TrialConfig | None
-    weights_of: str | None = None
-    readings: list[Reading] = field(default_factory=list)
-
-    @property
-    def first(self) -> TrialConfig:
-        """The config that names this item (progress lines, trackers): the trained one, else the first reading's."""
-        return self.train if self.train is not None else self.readings[0].cfg
-
-    def to_json(self) -> str:
-        """As Tune's grid carries it: the named config's dict (as for a plain trial) plus the work's own keys."""
-        return json.dumps({**to_dict(self.first), "_weights_of": self.weights_of, "_trains": self.train is not None,
-                           "_readings": [r.to_json() for r in self.readings]})
-
-
-def work_from_json(data: dict[str, Any], source: str) -> tuple[dict[str, Any], bool, str | None, list[Reading]]:
-    """(the plain config dict, whether it trains, weights_of, readings) from a grid item; a plain trial (an Optuna
-    sample, a grid item of an earlier driver) trains and reads nothing else."""
-    if "_readings" not in data:
-        return data, True, None, []
-    data = dict(data)
-    trains, weights_of = data.pop("_trains"), data.pop("_weights_of")
-    return data, trains, weights_of, [Reading.from_json(r, source) for r in data.pop("_readings")]
+from study.config import TrialConfig, build_trial, eval_keys, training_id, trial_id
+from study.errors import ConfigError
+from study.trial.work import Reading, WorkItem
 
 
 def check_eval_overrides(overrides: dict[str, Any]) -> None:
@@ -153,9 +103,9 @@ def plan_readings(store, study, overrides: dict[str, Any], trials: list[str] | N
     import polars as pl
 
     from study.console import eprint
-    from study.membership import membership
-    from study.store import StoreError
-    from study.weights import kept_steps
+    from study.errors import StoreError
+    from study.spec.membership import membership
+    from study.trial.weights import kept_steps
 
     name = study.name
     if not overrides and not checkpoints:

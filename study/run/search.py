@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ray.tune.search.optuna import OptunaSearch
 
-from study.optuna_storage import OptunaStudy, open_storage
+from study.run.optuna_storage import OptunaStudy, open_storage
 
 
 class StoppedIsPruned(OptunaSearch):

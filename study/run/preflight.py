@@ -6,14 +6,14 @@ trial starts (or, for `loopstudy trial`, before training)."""
 from __future__ import annotations
 
 import importlib.util
-import uuid
 from typing import Any
 
-from study.config import ConfigError, TrialConfig, build_trial
+from study.config import build_trial
+from study.errors import ConfigError
 from study.paths import is_uri
 from study.spec import Study
-from study.store import Store, StoreError
-from study.store.layout import write_probe
+from study.store import Store
+from study.trial.preflight import check_writable
 
 
 def is_loopback(host: str) -> bool:
@@ -67,26 +67,6 @@ def check_storage(root: str, nodes: list[dict[str, Any]], shared: bool, data_fil
             "results an object store such as s3://bucket/prefix.")
 
 
-def check_writable(store: Store) -> None:
-    """Write and remove a probe file under the root, so a read-only or full store fails now, not after training."""
-    probe = write_probe(uuid.uuid4().hex)
-    try:
-        store.put_text(probe, "loopstudy write check\n")
-        store.remove_text(probe)
-    except (OSError, StoreError) as e:
-        reason = getattr(e, "strerror", None) or str(e).splitlines()[0]
-        raise ConfigError(f"results store {store.uri} cannot be written ({reason}); nothing was run. Give a "
-                          "writable --store") from None
-
-
-def check_device(cfg: TrialConfig) -> None:
-    """A CUDA device asked of a machine without one."""
-    import torch
-
-    if cfg.train.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"train.device={cfg.train.device!r} but this machine has no CUDA GPU; use train.device=cpu")
-
-
 def check_trackers(study: Study) -> None:
     """Refuse a tracker whose client is not installed here (the driver logs every run)."""
     t = study.spec.tracking
@@ -107,8 +87,3 @@ def preflight_study(study: Study, store: Store, *, cluster: dict[str, float], no
     check_trackers(study)
 
 
-def preflight_trial(cfg: TrialConfig, store: Store | None) -> None:
-    """Every check of one trial on this machine, in order."""
-    check_device(cfg)
-    if store is not None:
-        check_writable(store)

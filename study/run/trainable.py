@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from study.config import TrialConfig, build_trial, set_dotted, trial_id
-from study.evaluations import WorkItem, work_from_json
 from study.metrics import METRICS, depth_report, summary_metrics
 from study.store import Store
+from study.trial.work import WorkItem, work_from_json
 
 CKPT_FILE = "trainer.pt"
 EVAL_REPORT_S = 15.0  # a trial reports evaluation progress at most this often
@@ -77,7 +77,7 @@ class TuneSession:
 
 def trial_work(config: dict[str, Any]) -> tuple[TrialConfig, WorkItem]:
     """(the config that names the trial, what it does) from Tune's config: a grid item (JSON text: a config plus
-    the work's keys, study.evaluations.WorkItem.to_json) or the base dict plus Optuna's dotted picks."""
+    the work's keys, study.run.plan.WorkItem.to_json) or the base dict plus Optuna's dotted picks."""
     data = json.loads(config["trial"]) if isinstance(config["trial"], str) else copy.deepcopy(config["trial"])
     for key, value in config.get("searched", {}).items():
         set_dotted(data, key, value)
@@ -110,10 +110,10 @@ def stored_metrics(store: Store, study: str, tid: str) -> dict[str, float]:
 
 def trainable(config: dict[str, Any]) -> None:
     """One Tune trial: train a config and read its weights each way the study asks, or read stored weights only
-    (study.evaluations). config: trial (and searched), store, study, metric, threads, spec_hash."""
+    (study.run.plan). config: trial (and searched), store, study, metric, threads, spec_hash."""
     import ray
 
-    from study.trial import evaluate_stored, run_trial
+    from study.trial.execute import evaluate_stored, run_trial
 
     cfg, work = trial_work(config)
     store = Store(config["store"])

@@ -10,11 +10,12 @@ import json
 
 import pyarrow as pa
 
+from study.errors import StoreError
 from study.store.files import Root
 from study.store.integrity import STRAY, check_file
 from study.store.layout import compacting_marker, file_trial_id, study_of_dir
 from study.store.listing import list_table, studies
-from study.store.schema import StoreError, schema
+from study.store.schema import schema
 
 
 def being_compacted(root: Root, study: str | None) -> dict[str, list[int]]:

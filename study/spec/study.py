@@ -7,7 +7,7 @@ A spec holds a base trial (sections task/model/train/eval, as for `loopstudy tri
   optuna:    {metric, mode, num_samples, space: {dotted.key: {type: uniform|loguniform|int|choice, ...}}}
   asha:      {max_t, grace_period, reduction_factor}
   max_concurrent: N
-plus `resources: {cpu, gpu}` per trial, `storage` (results root) and `tracking` (study/spec_schema.py holds the
+plus `resources: {cpu, gpu}` per trial, `storage` (results root) and `tracking` (study.spec.schema holds the
 shape). Every problem is reported before any trial starts, naming the file, the dotted key and the allowed values.
 Torch-free and Ray-free.
 """
@@ -26,7 +26,6 @@ from pydantic import ValidationError
 
 from study.config import (
     DATA_FILES,
-    ConfigError,
     TrialConfig,
     absolute_data_path,
     build_trial,
@@ -40,11 +39,12 @@ from study.config import (
     trial_id,
     yamltext,
 )
-from study.config.reads import unread, unread_fields
+from study.config.usage import unread, unread_fields
+from study.errors import ConfigError
 from study.metrics import DEFAULT_METRIC, METRICS
-from study.optuna_storage import check_location, storage_location
 from study.paths import is_uri
-from study.spec_schema import OptunaParam, StudySpec, SweepSpec
+from study.spec.optuna_location import check_location, storage_location
+from study.spec.schema import OptunaParam, StudySpec, SweepSpec
 from study.store.layout import spec_file
 
 
@@ -69,7 +69,7 @@ class Study:
     def spec_hash(self) -> str:
         """The version of what the study runs: its base trial and sweep (not its description, storage, resources,
         concurrency or sample count). Every trial row keeps it; the trials of an Optuna search are those run
-        under the current version (study.membership)."""
+        under the current version (study.spec.membership)."""
         sweep = self.spec.sweep.model_dump(exclude={"max_concurrent", "max_failures"})
         if sweep.get("optuna"):
             for key in ("num_samples", "storage"):  # how many samples and where they are kept: not what runs
@@ -236,7 +236,7 @@ def check_metric_applies(metric: str, configs: list[TrialConfig], source: str) -
 
 
 def check_sweep_reads(points: list[dict[str, Any]], configs: list[TrialConfig], source: str) -> None:
-    """Refuse a sweep that cannot change what it claims to (study.config.reads): a swept key that no trial it is
+    """Refuse a sweep that cannot change what it claims to (study.config.usage): a swept key that no trial it is
     set in reads, and two sweep points that differ only in keys they do not read (the same trial twice, under two
     names or settings)."""
     swept = sorted({k for over in points for k in over} - {"seed", "label"})

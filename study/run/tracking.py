@@ -8,7 +8,7 @@ rate arrive live at every train.log_every; the final metrics and the accuracy at
 (`depth/exact_acc/<layers>`) come with the last report, and TensorBoard and MLflow also get the depth curve as
 `depth_curve/exact_acc` with executed layers as its step.
 
-Where runs go (study.spec_schema.TrackingSpec): TensorBoard event files in each trial's Tune folder (`tensorboard
+Where runs go (study.spec.schema.TrackingSpec): TensorBoard event files in each trial's Tune folder (`tensorboard
 --logdir <root>/_tune/<study>`); MLflow to `tracking.mlflow` when it is a tracking URI, else an SQLite store
 `<tracking dir>/mlflow.db` (`mlflow ui --backend-store-uri sqlite:///...`); W&B offline into `<tracking dir>/wandb`
 (`wandb sync` uploads it later), or online with `tracking.wandb: online` and WANDB_API_KEY. The tracking dir is
@@ -54,7 +54,7 @@ class TrialParams:
         self._cache: dict[str, tuple[str, dict[str, Any]]] = {}
 
     def _resolve(self, config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        from study.trainable import trial_config
+        from study.run.trainable import trial_config
 
         key = json.dumps(config.get("trial"), sort_keys=True) + json.dumps(config.get("searched"), sort_keys=True,
                                                                            default=str)

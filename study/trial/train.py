@@ -20,10 +20,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from study.atomic import atomic_target
 from study.config import TrainConfig
 from study.errors import TrainingError
 from study.models.reasoner import Reasoner
+from study.paths import atomic_target
 from study.rows import TrainLog
 from study.tasks import IGNORE, Split, accuracies
 from study.tasks.loader import Task
@@ -120,7 +120,7 @@ class Trainer:
         self.history = [TrainLog(**h) for h in sd["history"]]
 
     def save(self, path: str | Path) -> None:
-        """Atomically (study.atomic): a reader, or a resume after a crash, sees the old checkpoint or the new."""
+        """Atomically (study.paths): a reader, or a resume after a crash, sees the old checkpoint or the new."""
         with atomic_target(str(Path(path).resolve())) as tmp:
             torch.save(self.state_dict(), tmp)
 

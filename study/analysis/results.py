@@ -2,7 +2,7 @@
 the ablation tables as DataFrames, figures, SQL and knob importance. Torch-free and Ray-free, like the analysis
 commands it shares its code with.
 
-    from study.api import open_results
+    from study.analysis.results import open_results
 
     res = open_results("results")                  # a local path, an NFS path or s3://bucket/prefix
     res.studies()                                  # DataFrame: study, complete / incomplete trials, compacted
@@ -34,7 +34,7 @@ class Results:
     def __init__(self, root: str | Path = "results", skip_bad: bool = False, include_stale: bool = False):
         self.store = Store(root).require()
         self.skip_bad = skip_bad
-        self.include_stale = include_stale  # trials of earlier versions of a study's spec (study.membership)
+        self.include_stale = include_stale  # trials of earlier versions of a study's spec (study.spec.membership)
 
     def __repr__(self) -> str:
         return f"Results({self.store.uri!r})"

@@ -9,8 +9,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
-from study.config import ConfigError, check_study_name
+from study.errors import ConfigError
 from study.metrics import DEFAULT_METRIC, SearchMetric
+from study.store.names import check_study_name
 
 
 class Strict(BaseModel):

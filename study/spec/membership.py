@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from study.config import ConfigError, trial_id
+from study.config import trial_id
+from study.errors import ConfigError
 from study.rows import STATUSES
 from study.store import TABLES, Store
 from study.store.layout import file_trial_id, spec_file

@@ -18,15 +18,16 @@ import torch
 
 import study
 from study.config import TrialConfig, eval_id, to_dict, trial_id
+from study.errors import StoreError
 from study.evaluate import EvalResult, evaluate
-from study.evaluations import Reading
 from study.metrics import DEFAULT_METRIC, summary_metrics
 from study.models.reasoner import build_reasoner
-from study.preflight import preflight_trial
-from study.store import Store, StoreError, config_row, now_utc
+from study.store import Store, config_row, now_utc
 from study.tasks.loader import load_task
-from study.train import Trainer, TrainLog, seed_everything
-from study.weights import StoredWeights, kept_steps, load_weights, save_weights
+from study.trial.preflight import preflight_trial
+from study.trial.train import Trainer, TrainLog, seed_everything
+from study.trial.weights import StoredWeights, kept_steps, load_weights, save_weights
+from study.trial.work import Reading
 
 
 @functools.cache
@@ -43,7 +44,7 @@ class TrialRecorder:
     """Writes one trial's rows as it goes: the train_curve so far and a `running` trials row at every training log
     (so a trial that an early-stopping scheduler ends, or whose node dies, keeps what it did), then every table and
     a `complete` trials row, that row last (study.rows.STATUSES). An evaluation of stored weights
-    (study.evaluations) is recorded the same way, as a trial of its own (tid, weights_of) with no training."""
+    (study.run.plan) is recorded the same way, as a trial of its own (tid, weights_of) with no training."""
 
     def __init__(self, store: Store | None, study_name: str, cfg: TrialConfig, model, *, node: str | None,
                  spec_hash: str | None, tid: str | None = None, weights_of: str | None = None):

@@ -23,7 +23,7 @@ def describe(config: dict) -> str:
             data = json.loads(trial)
         except ValueError:
             return "a trial"
-        what = "reading " if data.get("_trains") is False else ""  # stored weights only (study.evaluations)
+        what = "reading " if data.get("_trains") is False else ""  # stored weights only (study.run.plan)
         return f"{what}{data.get('label') or 'trial'} seed {data.get('seed', 0)}"
     picks = config.get("searched") or {}
     return ", ".join(f"{k.rsplit('.', 1)[-1]}={v:.3g}" if isinstance(v, float) else f"{k.rsplit('.', 1)[-1]}={v}"

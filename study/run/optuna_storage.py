@@ -1,48 +1,22 @@
 """Where an Optuna search's study lives: a real Optuna storage, which optuna-dashboard opens and a resumed or
-repeated run continues. Ray-free (the searcher is study/search.py).
+repeated run continues. Ray-free (the searcher is study.run.search).
 
-Where the Optuna study lives (`sweep.optuna.storage`): by default a JournalStorage file in the results root,
-`<root>/_optuna/<study>.journal` (for an object-store root, where Optuna cannot append to a file, the same name
-under this machine's cache, ~/.cache/loopstudy/optuna/); a path (to a journal file; relative to the spec's folder)
-or an RDB URL (sqlite:///..., postgresql://..., mysql://...) otherwise. The Optuna study is named after the study
+Where it lives is study.spec.optuna_location's rule. The Optuna study is named after the study
 and keeps the spec version it runs (`spec_hash`, a user attribute); a spec edited since gets its own Optuna study,
-`<name>.<spec_hash>`, just as its trials are the study's members (study.membership). So `optuna-dashboard
+`<name>.<spec_hash>`, just as its trials are the study's members (study.spec.membership). So `optuna-dashboard
 <root>/_optuna/<name>.journal` opens the search, and `loopstudy run` or `resume` of the same spec continues it:
 samples already finished count towards num_samples.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from study.config import ConfigError
-from study.paths import is_uri, machine_cache
-from study.store.layout import optuna_journal
+from study.paths import is_uri
 
-RDB_SCHEMES = ("sqlite", "postgresql", "mysql", "oracle", "mssql")
 FINISHED = ("COMPLETE", "PRUNED", "FAIL")
 INTERRUPTED = "interrupted"  # a sample its driver's death cut short: FAIL, not counted towards num_samples
-
-
-def storage_location(configured: str | None, root: str, study: str) -> str:
-    """The Optuna storage of a study: as configured (an RDB URL or a journal file path), else the default journal."""
-    if configured:
-        return configured
-    return str(machine_cache() / "optuna" / f"{study}.journal") if is_uri(root) else optuna_journal(root, study)
-
-
-def check_location(location: str, source: str) -> None:
-    """ConfigError when `location` is neither an RDB URL Optuna knows nor a journal file path."""
-    if is_uri(location):
-        scheme = location.split("://", 1)[0].split("+", 1)[0]
-        if scheme not in RDB_SCHEMES:
-            raise ConfigError(f"{source}: sweep.optuna.storage {location!r}: an RDB URL ({', '.join(RDB_SCHEMES)}"
-                              "://...) or the path of a journal file (e.g. results/_optuna/NAME.journal)")
-    elif os.path.isdir(location):
-        raise ConfigError(f"{source}: sweep.optuna.storage {location!r} is a folder; give a journal file's path "
-                          "(e.g. results/_optuna/NAME.journal)")
 
 
 def open_storage(location: str):
@@ -82,9 +56,11 @@ def prepare(location: str, study: str, spec_hash: str, mode: str) -> OptunaStudy
                              direction="maximize" if mode == "max" else "minimize")
     ot.set_user_attr("spec_hash", spec_hash)
     ot.set_user_attr("loopstudy_study", study)
+    study_id = storage.get_study_id_from_name(name)
     for t in ot.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        storage.set_trial_user_attr(t._trial_id, INTERRUPTED, True)
-        storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+        tid = storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
+        storage.set_trial_user_attr(tid, INTERRUPTED, True)
+        storage.set_trial_state_values(tid, TrialState.FAIL)
     finished = sum(1 for t in ot.get_trials(deepcopy=False)
                    if t.state.name in FINISHED and not t.user_attrs.get(INTERRUPTED))
     return OptunaStudy(location, name, finished)

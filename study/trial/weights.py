@@ -22,7 +22,8 @@ import torch
 
 import study
 from study.config import TrialConfig, to_dict
-from study.store import Store, StoreError
+from study.errors import StoreError
+from study.store import Store
 from study.store.layout import weights_file
 
 

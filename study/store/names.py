@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from study.config.errors import ConfigError
+from study.errors import ConfigError
 
 # Study names become folder names (<root>/<table>/study=<name>/) and Hive partition values: letters, digits and
 # '_', '.', '-' only, starting with a letter or digit. No '/' or '..' (a path outside the root), no '%' (pyarrow's

@@ -1,0 +1,50 @@
+"""Ray start-up for a driver: embedded local Ray by default, or a running cluster via --address; quiet unless
+verbose (results live in Parquet, not in Tune's experiment folder)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+from urllib.parse import urlparse
+
+from study.run.preflight import is_loopback
+
+
+def init_ray(address: str | None, num_cpus: int | None = None, verbose: bool = False) -> None:
+    """Embedded local Ray (default) or join a cluster. A loopback address keeps this driver on 127.0.0.1 too.
+    Quiet unless verbose: the terminal shows loopstudy's own lines (results live in Parquet, not in Tune's
+    experiment folder), not Ray's token notice, Tune's configuration box or its "View detailed results" line."""
+    if not verbose:
+        os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's box and result-folder lines
+        logging.getLogger("ray._private.authentication").setLevel(logging.ERROR)
+        # a failed trial's traceback (Tune logs it whole) and Tune's closing warnings: the progress line says
+        # why a trial failed in one line and where its traceback is (study.run.progress)
+        for name in ("ray.tune", "ray.train"):  # ray.train: the syncer's tracebacks when the store refuses a write
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+        os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # "Creating initial MLflow database tables..."
+    # Frequent small checkpoints are by design (resume after a lost node); Tune's sync warning is noise here.
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    # Our rows go to the Parquet store. Tune's default CSV/JSON/TensorBoard loggers would only duplicate them, and
+    # tensorboardX imports torch into the driver (which crashed job drivers here with an MKL load error).
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    embedded = address in (None, "", "local")
+    if embedded or is_loopback(urlparse(f"//{address}").hostname or ""):
+        # Ray otherwise swaps 127.0.0.1 for the machine's outward IP and looks for a raylet there; this keeps the
+        # driver (and an embedded cluster) on loopback. Read by ray_constants at import, so set before importing.
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    import ray
+
+    if ray.is_initialized():
+        return
+    if embedded:
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=verbose,
+                 configure_logging=verbose)
+    else:
+        ray.init(address=address, log_to_driver=verbose, configure_logging=verbose)
+
+
+def cluster_nodes() -> list[dict[str, Any]]:
+    import ray
+
+    return [n for n in ray.nodes() if n.get("Alive")]
