@@ -41,6 +41,7 @@ def build(args, rule: str):
     import torch
 
     from study.models import CarryConfig, ModelConfig, build_reasoner
+    from study.tasks import TaskSpec
 
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
@@ -48,7 +49,7 @@ def build(args, rule: str):
     cfg = ModelConfig(hidden=args.hidden, heads=args.heads, n_layers=2, H=6, L=12,
                       carry=CarryConfig(rule=rule, placement="both"))
     grid = (args.grid, args.grid)
-    model = build_reasoner(cfg, vocab=args.grid + 2, seq_len=args.grid**2, grid=grid).to(device).eval()
+    model = build_reasoner(cfg, TaskSpec("sudoku", args.grid + 2, args.grid**2, grid)).to(device).eval()
     tokens = torch.randint(0, args.grid + 2, (args.batch, args.grid**2), device=device)
     amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.dtype == "bf16")
     return cfg, model, tokens, amp

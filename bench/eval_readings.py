@@ -32,7 +32,7 @@ def main() -> None:
         task = load_task(TaskConfig(name="sudoku", size=4, blanks=(8, 10), n_train=1, n_test=args.n_test,
                                     cache_dir=cache))
     cfg = ModelConfig(hidden=64, heads=4, n_layers=2, H=2, L=2, carry=CarryConfig(rule="infiloop"))
-    model = build_reasoner(cfg, task.spec.vocab, task.spec.seq_len, task.spec.grid).eval()
+    model = build_reasoner(cfg, task.spec).eval()
     per = cfg.layers_per_step
     depths = [per * k for k in (10, 20, 40, 80, 160)]
     times = {"five_readings": [], "deepest_only": []}

@@ -97,7 +97,7 @@ def training_check(size: dict, device: str, steps: int) -> dict:
     task = Task(spec, Split(boards, boards, np.zeros(len(boards), np.int64)), Split(boards[:16], boards[:16],
                                                                                      np.zeros(16, np.int64)), tcfg)
     mcfg = ModelConfig(hidden=size["hidden"], heads=size["heads"], n_layers=2, H=3, L=6)
-    model = build_reasoner(mcfg, spec.vocab, spec.seq_len, spec.grid)
+    model = build_reasoner(mcfg, spec)
     train = TrainConfig(steps=10**6, batch_size=size["batch"], n_sup=4, device=device, dtype=size["dtype"],
                         warmup=1)
     trainer = Trainer(model, task, train, seed=0)
@@ -173,7 +173,7 @@ def compile_check(size: dict, device: str) -> dict:
                 Split(boards, boards, np.full(len(boards), 3, np.int64)), tcfg)
     mcfg = ModelConfig(hidden=size["hidden"], heads=size["heads"], n_layers=2, H=6, L=12)
     torch.manual_seed(0)
-    model = build_reasoner(mcfg, spec.vocab, spec.seq_len, spec.grid).to(device)
+    model = build_reasoner(mcfg, spec).to(device)
     depth = mcfg.layers_per_step * (40 if device.startswith("cuda") else 4)
     ev = EvalConfig(depths=[depth], batch_size=size["batch"])
     out = {}

@@ -32,8 +32,8 @@ def main() -> None:
 
     from ray import tune
 
-    from study.run.session import init_ray
     from study.run.progress import Progress
+    from study.run.session import init_ray
 
     init_ray(None, num_cpus=args.cpus)
     with tempfile.TemporaryDirectory() as root:

@@ -20,7 +20,7 @@ def task(tmp_path_factory):
 def test_one_rollout_read_at_several_depths_equals_separate_rollouts(task, rule):
     torch.manual_seed(0)
     cfg = ModelConfig(hidden=16, heads=2, n_layers=1, H=2, L=1, carry=CarryConfig(rule=rule))
-    model = build_reasoner(cfg, task.spec.vocab, task.spec.seq_len, task.spec.grid)
+    model = build_reasoner(cfg, task.spec)
     depths = [2, 6, 10, 20]
     together = evaluate(model, task, EvalConfig(depths=depths, batch_size=16))
     for d in depths:
@@ -32,7 +32,7 @@ def test_one_rollout_read_at_several_depths_equals_separate_rollouts(task, rule)
 
 def test_evaluation_reports_progress_over_every_step_of_every_batch(task):
     cfg = ModelConfig(hidden=16, heads=2, n_layers=1, H=2, L=1)
-    model = build_reasoner(cfg, task.spec.vocab, task.spec.seq_len, task.spec.grid)
+    model = build_reasoner(cfg, task.spec)
     seen = []
     evaluate(model, task, EvalConfig(depths=[2, 10], batch_size=16), on_progress=lambda d, t: seen.append((d, t)))
     total = seen[-1][1]
@@ -42,7 +42,7 @@ def test_evaluation_reports_progress_over_every_step_of_every_batch(task):
 
 def test_evaluation_with_other_cycle_counts_and_bad_depths(task):
     cfg = ModelConfig(hidden=16, heads=2, n_layers=2, H=2, L=1)
-    model = build_reasoner(cfg, task.spec.vocab, task.spec.seq_len, task.spec.grid)
+    model = build_reasoner(cfg, task.spec)
     res = evaluate(model, task, EvalConfig(depths=[26, 52], L=12, H=1))
     assert sorted({r.outer_cycles for r in res.depth}) == [1, 2]
     with pytest.raises(ValueError, match=r"eval.depths=27.*\[26, 52\]"):
@@ -94,7 +94,7 @@ def test_per_update_dynamics_rows_on_the_hand_trajectory():
 def test_perturbation_rows_cover_every_eps_and_reference_has_zero_distance(task):
     torch.manual_seed(0)
     cfg = ModelConfig(hidden=16, heads=2, n_layers=1, H=2, L=1, carry=CarryConfig(rule="infiloop"))
-    model = build_reasoner(cfg, task.spec.vocab, task.spec.seq_len, task.spec.grid)
+    model = build_reasoner(cfg, task.spec)
     res = evaluate(model, task, EvalConfig(depths=[4], perturb_update=1, perturb_updates=3, perturb_n=8,
                                            perturb_eps=[0.0, 1e-3, 0.3]))
     assert len(res.perturbation) == 3 * 3
@@ -111,7 +111,7 @@ def test_perturbed_copies_of_a_halted_state_iterate_again(task):
     torch.manual_seed(0)
     cfg = ModelConfig(kind="flat", norm="pre", residual_scaling=True, hidden=16, heads=2, n_layers=1, H=2,
                       carry=CarryConfig(rule="damped"), halting=HaltingConfig(enabled=True, tau=1e6))
-    model = build_reasoner(cfg, task.spec.vocab, task.spec.seq_len, task.spec.grid)
+    model = build_reasoner(cfg, task.spec)
     res = evaluate(model, task, EvalConfig(depths=[4], perturb_update=1, perturb_updates=2, perturb_n=8,
                                            perturb_eps=[1e-2]))
     assert all(abs(r.rel_distance - 1e-2) > 1e-4 for r in res.perturbation)

@@ -74,7 +74,7 @@ def test_a_trial_stores_its_final_weights_and_kept_checkpoints_with_hash_size_an
     with safe_open(str(path), "pt") as f:  # a safe format: tensors and a text header, readable without loopstudy
         meta, names = f.metadata(), set(f.keys())
     task = load_task(cfg.task)
-    model = build_reasoner(cfg.model, task.spec.vocab, task.spec.seq_len, task.spec.grid, task.spec.puzzles)
+    model = build_reasoner(cfg.model, task.spec)
     assert names == set(model.state_dict())  # every tensor of the model, nothing else
     assert meta["trial_id"] == tid and meta["step"] == "32" and json.loads(meta["config"]) == to_dict(cfg)
     # checkpoints every 4 batches of 2 steps, every 2nd kept: steps 16 and 32

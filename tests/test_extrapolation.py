@@ -14,7 +14,7 @@ from study.config import EvalConfig, ModelConfig, TaskConfig, TrainConfig, build
 from study.errors import ConfigError
 from study.evaluate import RolloutPlan, batch_slices, evaluate, rollout_batch
 from study.models import build_reasoner
-from study.tasks import IGNORE, TASKS, Split
+from study.tasks import IGNORE, TASKS, Split, TaskSpec
 from study.tasks.loader import Task, load_task
 from study.trial.train import Trainer
 
@@ -27,7 +27,7 @@ TINY = dict(hidden=16, heads=2, n_layers=1, H=3, L=1)
 def tiny_model(recall=True, pos="none", kind="nested", **kw):
     torch.manual_seed(0)
     cfg = ModelConfig(kind=kind, recall=recall, pos=pos, **{**TINY, **kw})
-    return build_reasoner(cfg, vocab=3, seq_len=8, grid=(8,))
+    return build_reasoner(cfg, TaskSpec("test", 3, 8, (8,)))
 
 
 # -- prefix sums -------------------------------------------------------------------------------------------------
@@ -79,7 +79,7 @@ def test_test_mazes_can_be_larger_than_training_mazes(tmp_path):
                                 cache_dir=str(tmp_path)))
     assert task.train.inputs.shape == (4, 49) and task.test.inputs.shape == (3, 121)
     assert task.train.difficulty.tolist() == [7] * 4 and task.test.difficulty.tolist() == [11] * 3  # the side
-    model = build_reasoner(ModelConfig(pos="none", **TINY), task.spec.vocab, task.spec.seq_len, task.spec.grid)
+    model = build_reasoner(ModelConfig(pos="none", **TINY), task.spec)
     state = model.rollout(torch.as_tensor(task.test.inputs), 2)  # the conv lays 121 tokens out as 11 x 11
     assert model.logits(state).shape == (3, 121, 6)
 
@@ -189,12 +189,12 @@ def test_max_conf_reads_each_sample_at_its_most_confident_step_so_far():
         preds.append(p.argmax(-1))
 
     model.rollout(tokens, 6, on_step=record)
-    got = rollout_batch(model, batch, plan_for(6, "max_conf"), "cpu").readings
+    got = rollout_batch(model, batch, plan_for(6, "max_conf"), "cpu").predictions
     for step in range(1, 7):
         best = torch.stack(confs[:step]).argmax(0)  # first maximum, as the readout keeps
         want = torch.stack([preds[int(best[b])][b] for b in range(4)])
         assert np.array_equal(got[step][0], want.numpy())
-    last = rollout_batch(model, batch, plan_for(6, "last"), "cpu").readings
+    last = rollout_batch(model, batch, plan_for(6, "last"), "cpu").predictions
     assert np.array_equal(last[6][0], preds[-1].numpy())
 
 
@@ -205,8 +205,8 @@ def test_trailing_padding_is_cut_so_a_short_string_reads_as_it_would_alone():
     alone = rollout_batch(model, Split(short.numpy(), short.numpy(), np.full(3, 8)), plan_for(4, "last"), "cpu")
     labels = np.where(padded.numpy() == 0, IGNORE, padded.numpy())
     cut = rollout_batch(model, Split(padded.numpy(), labels, np.full(3, 8)), plan_for(4, "last"), "cpu")
-    assert np.array_equal(cut.readings[4][0][:, :8], alone.readings[4][0])
-    assert cut.readings[4][0].shape == (3, 13) and cut.part["preds"].shape == (4, 3, 13)
+    assert np.array_equal(cut.predictions[4][0][:, :8], alone.predictions[4][0])
+    assert cut.predictions[4][0].shape == (3, 13) and cut.part["preds"].shape == (4, 3, 13)
 
 
 def test_evaluate_reports_accuracy_per_test_length(tmp_path):

@@ -33,7 +33,7 @@ def test_bf16_evaluation_reads_the_same_numbers_within_rounding():
     task = load_task(TaskConfig(size=4, blanks=(6, 8), n_train=16, n_test=8))
     torch.manual_seed(0)
     model = build_reasoner(ModelConfig(hidden=32, heads=2, n_layers=1, H=2, L=2, carry=CarryConfig(rule="infiloop")),
-                           task.spec.vocab, task.spec.seq_len, task.spec.grid)
+                           task.spec)
     ev = EvalConfig(depths=[12, 24], stability=(1, 2), perturb_update=1, perturb_updates=2, perturb_n=4)
     fp32, bf16 = evaluate(model, task, ev), evaluate(model, task, ev, dtype="bf16")
     assert [(r.depth_layers, r.difficulty, r.n) for r in fp32.depth] == [(r.depth_layers, r.difficulty, r.n)

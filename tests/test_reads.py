@@ -11,7 +11,7 @@ from study.config.usage import ALWAYS_READ, READ_WHEN, unread
 from study.errors import ConfigError
 from study.models.reasoner import build_reasoner
 from study.spec import load_study
-from study.tasks import COMMON_FIELDS, TASKS
+from study.tasks import COMMON_FIELDS, TASKS, TaskSpec
 
 BASE = "name: inert\ntask: {name: sudoku, size: 4, n_test: 16}\n"
 
@@ -27,7 +27,7 @@ def test_every_field_of_the_schema_is_placed_in_the_statement():
 
 def rollout(cfg: TrialConfig) -> torch.Tensor:
     torch.manual_seed(0)
-    model = build_reasoner(cfg.model, vocab=6, seq_len=16, grid=(4, 4)).eval()
+    model = build_reasoner(cfg.model, TaskSpec("test", 6, 16, (4, 4))).eval()
     tokens = torch.randint(0, 6, (2, 16), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         state = model.rollout(tokens, 4)

@@ -7,6 +7,7 @@ import torch
 
 from study.models import CarryConfig, HaltingConfig, ModelConfig, build_reasoner
 from study.models.carry import infiloop_scan
+from study.tasks import TaskSpec
 
 SMALL = dict(hidden=16, heads=2, n_layers=2, H=2, L=2)
 
@@ -14,7 +15,7 @@ SMALL = dict(hidden=16, heads=2, n_layers=2, H=2, L=2)
 def small(kind="nested", rule="infiloop", placement="both", **kw):
     cfg = ModelConfig(kind=kind, carry=CarryConfig(rule=rule, placement=placement), **{**SMALL, **kw})
     torch.manual_seed(0)
-    return build_reasoner(cfg, vocab=6, seq_len=16, grid=(4, 4))
+    return build_reasoner(cfg, TaskSpec("test", 6, 16, (4, 4)))
 
 
 def count_block_calls(model):
@@ -105,7 +106,7 @@ def test_every_rule_placement_and_reasoner_runs_forward_and_backward(kind, rule,
     extra = {"norm": "pre", "residual_scaling": True} if kind == "flat" else {}
     cfg = ModelConfig(kind=kind, carry=CarryConfig(rule=rule, placement=placement),
                       halting=HaltingConfig(enabled=True), **{**SMALL, **extra})
-    model = build_reasoner(cfg, vocab=6, seq_len=16, grid=(4, 4))
+    model = build_reasoner(cfg, TaskSpec("test", 6, 16, (4, 4)))
     tokens = torch.randint(0, 6, (3, 16))
     x = model.embed(tokens)
     state = model.update(x, model.init_state(x))
@@ -123,7 +124,7 @@ def test_paper_configuration_has_about_6_83m_parameters():
     cfg = ModelConfig(hidden=512, heads=8, n_layers=2, expansion=4.0, H=6, L=12,
                       carry=CarryConfig(rule="infiloop", placement="both"))
     with torch.device("meta"):
-        model = build_reasoner(cfg, vocab=11, seq_len=81, grid=(9, 9))
+        model = build_reasoner(cfg, TaskSpec("test", 11, 81, (9, 9)))
     n = sum(p.numel() for p in model.parameters())
     assert abs(n - 6.83e6) / 6.83e6 < 0.07, n
     # InfiLoop adds d + 1 parameters per axis
@@ -132,7 +133,7 @@ def test_paper_configuration_has_about_6_83m_parameters():
 
 def test_sequence_grid_uses_a_1d_conv():
     cfg = ModelConfig(hidden=16, heads=2, n_layers=1, H=1, L=1)
-    model = build_reasoner(cfg, vocab=10, seq_len=12, grid=(12,))
+    model = build_reasoner(cfg, TaskSpec("test", 10, 12, (12,)))
     state = model.rollout(torch.randint(0, 10, (2, 12)), 2)
     assert model.logits(state).shape == (2, 12, 10)
 

@@ -14,7 +14,7 @@ from study.trial.train import Trainer, seed_everything, stablemax_log_probs
 def make_trainer(task, train_cfg, model_cfg, seed=0):
     seed_everything(seed)
     spec = task.spec
-    model = build_reasoner(model_cfg, spec.vocab, spec.seq_len, spec.grid)
+    model = build_reasoner(model_cfg, spec)
     return Trainer(model, task, train_cfg, seed)
 
 

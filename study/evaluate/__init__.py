@@ -1,6 +1,6 @@
 """Evaluation at test-time depth (methods.md sections 6-7): `evaluate(model, task, cfg) -> EvalResult`.
 
-One rollout per batch to the deepest target, with a reading each time the rollout passes a target depth
+One rollout per batch to the deepest target, with a prediction each time the rollout passes a target depth
 (`rollout`); per update along the way, the records the diagnostics read (`diagnostics`); and the perturbation test
 from a snapshot of the first batch (`perturbation`).
 """
@@ -18,13 +18,20 @@ import torch
 from study.config import EvalConfig
 from study.evaluate.diagnostics import Trajectory, dynamics_rows, stability
 from study.evaluate.perturbation import perturbation_rows
-from study.evaluate.rollout import BatchReadings, Reading, RolloutPlan, batch_slices, infiloop_axes, rollout_batch
+from study.evaluate.rollout import (
+    BatchRollout,
+    DepthPrediction,
+    RolloutPlan,
+    batch_slices,
+    infiloop_axes,
+    rollout_batch,
+)
 from study.models.reasoner import Reasoner, build_reasoner
 from study.rows import DepthRow, DynamicsRow, PerturbationRow
 from study.tasks import TASKS, Split, accuracies
 from study.tasks.loader import Task
 
-__all__ = ["BatchReadings", "DepthRow", "DynamicsRow", "EvalResult", "PerturbationRow", "Reading", "RolloutPlan",
+__all__ = ["BatchRollout", "DepthRow", "DynamicsRow", "EvalResult", "PerturbationRow", "DepthPrediction", "RolloutPlan",
            "Trajectory", "batch_slices", "dynamics_rows", "evaluate", "rollout_batch", "stability"]
 
 
@@ -42,7 +49,7 @@ def evaluated_model(model: Reasoner, task: Task, cfg: EvalConfig, device: str) -
     mcfg = cfg.model_config(model.cfg)
     if mcfg != model.cfg:
         spec = task.spec
-        evm = build_reasoner(mcfg, spec.vocab, spec.seq_len, spec.grid, spec.puzzles)
+        evm = build_reasoner(mcfg, spec)
         evm.load_state_dict(model.state_dict())
         model = evm
     model = model.to(device).eval()
@@ -68,7 +75,7 @@ def make_plan(model: Reasoner, cfg: EvalConfig, pad: int | None) -> RolloutPlan:
 @torch.no_grad()
 def evaluate(model: Reasoner, task: Task, cfg: EvalConfig, device: str = "cpu",
              on_progress: Callable[[int, int], None] | None = None, dtype: str = "fp32") -> EvalResult:
-    """Readings at every target depth from one rollout per batch, plus the diagnostics.
+    """Predictions at every target depth from one rollout per batch, plus the diagnostics.
 
     on_progress(done, total) is called after every step, counting steps over all batches (a rollout to 24,960
     layers is minutes on a CPU: callers turn this into progress reports). dtype 'bf16' runs the rollouts under
@@ -81,7 +88,7 @@ def evaluate(model: Reasoner, task: Task, cfg: EvalConfig, device: str = "cpu",
     data = task.test if cfg.n_test is None else task.test.take(slice(0, cfg.n_test))
     batches = batch_slices(data, cfg.batch_size, task.spec.pad)
     later = dataclasses.replace(plan, perturb_step=None)  # the perturbation test uses the first batch only
-    got: list[BatchReadings] = []
+    got: list[BatchRollout] = []
     for b, rows in enumerate(batches):
         def progress(step: int, b: int = b) -> None:
             on_progress(b * plan.total_steps + step, len(batches) * plan.total_steps)
@@ -90,7 +97,7 @@ def evaluate(model: Reasoner, task: Task, cfg: EvalConfig, device: str = "cpu",
             got.append(rollout_batch(model, data.take(rows), plan if b == 0 else later, device,
                                      progress if on_progress is not None else None))
     vote = TASKS[task.cfg.name].vote
-    depth_rows = depth_table({d: [g.readings[d] for g in got] for d in plan.target_steps.values()}, data,
+    depth_rows = depth_table({d: [g.predictions[d] for g in got] for d in plan.target_steps.values()}, data,
                              plan.target_steps,
                              (lambda pred, conf: vote(task.cfg, pred, conf, data.difficulty)) if vote else None)
     traj = trajectory([g.part for g in got], data, TASKS[task.cfg.name].free_cells(data), plan.axes)
@@ -112,13 +119,13 @@ def trajectory(parts: list[dict[str, np.ndarray]], data: Split, free: np.ndarray
                       residual=joined("residual"), eta=joined("eta"))
 
 
-def depth_table(readings: dict[int, list[Reading]], data: Split, target_steps: dict[int, int],
+def depth_table(predictions: dict[int, list[DepthPrediction]], data: Split, target_steps: dict[int, int],
                 score: Callable[[np.ndarray, np.ndarray], dict] | None = None) -> list[DepthRow]:
     """One row per depth for all samples and one per difficulty: accuracy, halted share, executed layers; with a
     task that pools answers (TaskDef.vote), `score(pred, conf)` adds its pass@k columns to each row."""
     rows = []
     steps_of = {d: s for s, d in target_steps.items()}
-    for depth, parts in readings.items():
+    for depth, parts in predictions.items():
         pred = np.concatenate([p.pred for p in parts])
         halted = np.concatenate([p.halted for p in parts])
         eff = np.concatenate([p.eff_layers for p in parts])

@@ -1,4 +1,4 @@
-"""One batch's rollout at test time: a single Reasoner.rollout to the deepest target, with every reading a
+"""One batch's rollout at test time: a single Reasoner.rollout to the deepest target, with every prediction a
 RolloutPlan names taken as the rollout passes it (methods.md section 6), never re-run from scratch per depth."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def axis_state(state: LoopState, axis: str):
 
 @dataclass
 class RolloutPlan:
-    """What one evaluation reads along each batch's rollout: step -> depth reading, the updates whose predictions
+    """What one evaluation reads along each batch's rollout: step -> depth prediction, the updates whose predictions
     and loop statistics make the trajectory, and the update at which the state is snapshot for perturbation."""
 
     total_steps: int
@@ -35,12 +35,12 @@ class RolloutPlan:
     axes: list[str]
     perturb_step: int | None
     perturb_n: int
-    readout: str = "last"  # eval.readout: what a depth reading scores
+    readout: str = "last"  # eval.readout: what a depth prediction scores
     pad: int | None = None  # the task's padding token: trailing all-padding columns are not rolled out
 
 
-class Reading(NamedTuple):
-    """A depth reading of one batch: per sample the prediction (B, S), whether it had halted, its executed layers,
+class DepthPrediction(NamedTuple):
+    """A depth prediction of one batch: per sample the prediction (B, S), whether it had halted, its executed layers,
     its confidence (mean over cells of the top probability: what breaks ties between pooled answers)."""
 
     pred: np.ndarray
@@ -50,16 +50,16 @@ class Reading(NamedTuple):
 
 
 @dataclass
-class BatchReadings:
-    """One batch's rollout: a Reading per target depth, the trajectory parts and the perturbation snapshot."""
+class BatchRollout:
+    """One batch's rollout: a DepthPrediction per target depth, the trajectory parts and the perturbation snapshot."""
 
-    readings: dict[int, Reading]
+    predictions: dict[int, DepthPrediction]
     part: dict[str, np.ndarray]
     snapshot: tuple[LoopState, torch.Tensor, Split] | None
 
 
-class _Reader:
-    """Called by Reasoner.rollout after every step: takes the readings the plan names at that step."""
+class _StepRecorder:
+    """Called by Reasoner.rollout after every step: takes the predictions the plan names at that step."""
 
     def __init__(self, model: Reasoner, batch: Split, tokens: torch.Tensor, plan: RolloutPlan, width: int,
                  on_step: Callable[[int], None] | None):
@@ -68,7 +68,7 @@ class _Reader:
         self.real = (tokens != plan.pad) if plan.pad is not None else torch.ones_like(tokens, dtype=torch.bool)
         self.best_conf = torch.full((len(batch),), -1.0, device=tokens.device)
         self.best_pred = torch.zeros_like(tokens)
-        self.readings: dict[int, Reading] = {}
+        self.predictions: dict[int, DepthPrediction] = {}
         self.part: dict[str, list] = {"preds": [], "residual": [], "eta": [],
                                       **{f"{k}_{a}": [] for a in plan.axes for k in ("gamma", "score")}}
         self.snapshot: tuple | None = None
@@ -85,7 +85,7 @@ class _Reader:
             self.on_step(self.step)
         target = self.step in plan.target_steps
         traced = self.step % plan.H == 0 and self.step // plan.H <= plan.last_update
-        # once per step, for every reading below (none on steps nothing reads)
+        # once per step, for every prediction below (none on steps nothing reads)
         logits = self.model.logits(state) if target or traced or plan.readout == "max_conf" else None
         if plan.readout == "max_conf":
             self.track_confidence(logits)
@@ -93,8 +93,8 @@ class _Reader:
             # (a copy: on the CPU .numpy() shares memory, and best_pred changes in place afterwards)
             pred = self.best_pred.clone() if plan.readout == "max_conf" else logits.argmax(-1)
             conf = self.best_conf.clone() if plan.readout == "max_conf" else self.confidence(logits)
-            # int16 (every vocab fits): a reading per depth of every test row is held until the table is built
-            self.readings[plan.target_steps[self.step]] = Reading(
+            # int16 (every vocab fits): a prediction per depth of every test row is held until the table is built
+            self.predictions[plan.target_steps[self.step]] = DepthPrediction(
                 self.full(pred.to(torch.int16).cpu().numpy()), state.halt.halted.cpu().numpy(),
                 state.halt.eff_layers.float().cpu().numpy(), conf.float().cpu().numpy())
         if traced:
@@ -129,12 +129,12 @@ class _Reader:
 
 
 def rollout_batch(model: Reasoner, batch: Split, plan: RolloutPlan, device: str,
-                  on_step: Callable[[int], None] | None = None) -> BatchReadings:
-    """Roll one batch out to plan.total_steps (Reasoner.rollout) and take every reading the plan asks for.
+                  on_step: Callable[[int], None] | None = None) -> BatchRollout:
+    """Roll one batch out to plan.total_steps (Reasoner.rollout) and take every prediction the plan asks for.
 
     Columns that are padding in every sample (a batch of short strings in a test set padded to its longest) are
     cut before the rollout, so a model without positions sees each string as it would alone; predictions come
-    back at full width (padding is never scored). With readout max_conf each reading is, per sample, the
+    back at full width (padding is never scored). With readout max_conf each prediction is, per sample, the
     prediction of the most confident step so far; the trajectory (the dynamics) keeps every step's own.
     """
     width = batch.inputs.shape[1]
@@ -142,10 +142,10 @@ def rollout_batch(model: Reasoner, batch: Split, plan: RolloutPlan, device: str,
         cut = max(1, int(input_widths(batch.inputs, plan.pad).max()))
         batch = Split(batch.inputs[:, :cut], batch.labels[:, :cut], batch.difficulty)
     tokens = torch.as_tensor(batch.inputs, device=device)
-    reader = _Reader(model, batch, tokens, plan, width, on_step)
-    model.rollout(tokens, plan.total_steps, on_step=reader)
-    return BatchReadings(reader.readings, {k: np.stack(v, 0) for k, v in reader.part.items() if v},
-                         reader.snapshot)
+    recorder = _StepRecorder(model, batch, tokens, plan, width, on_step)
+    model.rollout(tokens, plan.total_steps, on_step=recorder)
+    return BatchRollout(recorder.predictions, {k: np.stack(v, 0) for k, v in recorder.part.items() if v},
+                         recorder.snapshot)
 
 
 def input_widths(inputs: np.ndarray, pad: int) -> np.ndarray:

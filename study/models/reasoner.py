@@ -25,6 +25,7 @@ from study.config import ModelConfig
 from study.models.block import Block, rms_norm
 from study.models.carry import CarryState, make_carry
 from study.models.halting import HaltState, advance_halting, relative_residual, start_halting
+from study.tasks.base import TaskSpec
 
 
 @dataclass
@@ -211,10 +212,10 @@ class FlatReasoner(Reasoner):
         return LoopState(outer, None, state.halt, state.steps), residual
 
 
-def build_reasoner(cfg: ModelConfig, vocab: int, seq_len: int, grid: tuple[int, ...], puzzles: int = 0
-                   ) -> Reasoner:
-    """The reasoner for a task: `grid` shapes the depthwise conv ((rows, cols) or (length,)); `puzzles` > 0 adds a
-    puzzle embedding read from the last column (TaskSpec.puzzles)."""
+def build_reasoner(cfg: ModelConfig, task: TaskSpec) -> Reasoner:
+    """The one way to build a model: the reasoner `cfg` describes, shaped for the task (its vocab and length; its
+    grid shapes the depthwise conv, (rows, cols) or (length,); puzzles > 0 adds a puzzle embedding read from the
+    last column)."""
     cls = NestedReasoner if cfg.kind == "nested" else FlatReasoner
-    return cls(cfg, vocab, seq_len, grid, puzzles)
+    return cls(cfg, task.vocab, task.seq_len, task.grid, task.puzzles)
 

@@ -38,7 +38,7 @@ class TaskSpec:
     vocab: int
     seq_len: int
     grid: tuple[int, ...]
-    difficulty_name: str  # what `difficulty` counts: blanks, path length, sequence length
+    difficulty_name: str = "difficulty"  # what `difficulty` counts: blanks, path length, sequence length
     pad: int | None = None  # the padding token of variable-length tasks (trailing padding is trimmed at test)
     test_seq_len: int | None = None  # the test set's length and grid where they differ from training's
     test_grid: tuple[int, ...] | None = None

@@ -132,7 +132,7 @@ def run_trial(
     seed_everything(cfg.seed)
     task = load_task(cfg.task)
     spec = task.spec
-    model = build_reasoner(cfg.model, spec.vocab, spec.seq_len, spec.grid, spec.puzzles)
+    model = build_reasoner(cfg.model, spec)
     trainer = Trainer(model, task, cfg.train, cfg.seed)
     recorder = TrialRecorder(store, study_name, cfg, model, node=node, spec_hash=spec_hash)
     say = on_phase or (lambda _: None)
@@ -226,7 +226,7 @@ def evaluate_stored(weights_of: str, readings: Sequence[Reading], *, store: Stor
             sha = row.get("weights_sha256") if step is None else kept.get(step)
             if sha is None:
                 raise StoreError(no_weights(weights_of, step, kept))
-            model = build_reasoner(cfg.model, spec.vocab, spec.seq_len, spec.grid, spec.puzzles)
+            model = build_reasoner(cfg.model, spec)
             model.load_state_dict(load_weights(store, study_name, weights_of, sha, step))
             models = {step: model.eval()}  # one set of weights in memory at a time (readings come by step)
         if on_phase:
