@@ -1,6 +1,10 @@
-"""The package keeps its shape: imports flow one way (no cycle), files and functions stay small enough to read."""
+"""The package keeps its shape: the folder tree reads the path of data, imports flow one way (from a stage to the
+stages below it, never up, never in a cycle, annotations included), files and functions stay small enough to read."""
 
 import ast
+import subprocess
+import sys
+import tomllib
 from pathlib import Path
 
 from .conftest import REPO
@@ -8,6 +12,24 @@ from .conftest import REPO
 PACKAGE = REPO / "study"
 MAX_FILE_LINES = 400
 MAX_FUNCTION_LINES = 60
+MAX_LOOSE_MODULES = 6  # shared leaf helpers at the top of study/; everything else lives in its stage's package
+
+# The stages, lowest first: a module may import its own stage and the ones before it, never a later one. Data flows
+# spec -> run (Ray) -> trial (train, evaluate at depth) -> store -> analysis; the imports run the other way round
+# for the parts each stage builds on (a trial writes through the store; the driver runs trials and reads the spec).
+STAGES = [
+    "study",  # the loose leaf helpers (errors, console, paths, bounds, metrics, rows) and the package data
+    "study.tasks",
+    "study.config",
+    "study.models",
+    "study.evaluate",
+    "study.store",
+    "study.trial",
+    "study.spec",
+    "study.run",
+    "study.analysis",
+    "study.cli",
+]
 
 
 def module_name(path: Path) -> str:
@@ -15,17 +37,12 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def is_type_checking(node: ast.If) -> bool:
-    return isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
-
-
 def imports(tree: ast.AST, modules: set[str]) -> set[str]:
-    """The study modules a module imports at run time, lazily inside functions too (not under TYPE_CHECKING)."""
+    """The study modules a module imports: at import time, lazily inside functions and under TYPE_CHECKING alike
+    (a name for an annotation is a dependency too)."""
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and is_type_checking(node):
-            return
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name in modules)
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("study"):
@@ -75,6 +92,52 @@ def test_the_package_has_no_import_cycle():
 def test_a_planted_cycle_is_found():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def stage(module: str) -> int:
+    """The index in STAGES of the package a module belongs to (the loose modules are stage 0)."""
+    parts = module.split(".")
+    name = ".".join(parts[:2]) if len(parts) > 1 and (PACKAGE / parts[1]).is_dir() else "study"
+    return STAGES.index(name)
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    return [f"{m} imports {n}" for m, ns in sorted(graph.items()) for n in sorted(ns) if stage(n) > stage(m)]
+
+
+def test_no_stage_imports_a_later_one():
+    graph = import_graph()
+    assert "study.tasks" in graph["study.config.schema"]  # the walk sees the config's use of the task settings
+    assert not upward_imports(graph), "\n".join(upward_imports(graph))
+
+
+def test_a_planted_upward_import_is_found():
+    assert upward_imports({"study.store.scan": {"study.analysis.tables"}}) == [
+        "study.store.scan imports study.analysis.tables"]
+    assert upward_imports({"study.analysis.tables": {"study.store.scan"}}) == []
+
+
+def test_every_stage_is_a_package_and_few_modules_stay_loose():
+    packages = {f"study.{p.name}" for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    assert packages - {"study.data"} == set(STAGES[1:])
+    loose = sorted(p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py")
+    assert len(loose) <= MAX_LOOSE_MODULES, loose
+
+
+def test_config_and_tasks_do_not_import_each_other_and_the_store_needs_neither_nor_torch():
+    graph = import_graph()
+    assert not [m for m, ns in graph.items() if m.startswith("study.tasks") for n in ns if n.startswith("study.config")]
+    code = ("import sys, study.store; print(sorted(m for m in sys.modules if m == 'torch' or "
+            "m.startswith(('study.tasks', 'study.config', 'study.models'))))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_no_line_is_longer_than_the_ruff_limit():
+    limit = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["ruff"]["line-length"]
+    long = [f"{p.relative_to(REPO)}:{i}" for p in PACKAGE.rglob("*.py")
+            for i, line in enumerate(p.read_text().splitlines(), 1) if len(line) > limit]
+    assert not long, long
 
 
 def test_no_module_is_longer_than_400_lines():

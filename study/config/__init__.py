@@ -41,17 +41,16 @@ from study.config.schema import (
     ModelConfig,
     Placement,
     Rule,
-    TaskConfig,
-    TaskName,
     TrainConfig,
     TrialConfig,
     layers_per_step,
 )
+from study.tasks import TaskConfig, TaskName
 
 __all__ = [
-    "ADDED_LATER", "DATA_FILES", "MAX_DEPTH_LAYERS", "NON_IDENTITY", "RULES", "Bound",
-    "CarryConfig", "EvalConfig", "HaltingConfig", "ModelConfig", "Placement", "Rule", "TaskConfig",
-    "TaskName", "TrainConfig", "TrialConfig", "absolute_data_path", "allowed_keys", "build_trial", "check_bounds",
+    "ADDED_LATER", "TaskConfig", "TaskName", "DATA_FILES", "MAX_DEPTH_LAYERS", "NON_IDENTITY", "RULES", "Bound",
+    "CarryConfig", "EvalConfig", "HaltingConfig", "ModelConfig", "Placement", "Rule",
+    "TrainConfig", "TrialConfig", "absolute_data_path", "allowed_keys", "build_trial", "check_bounds",
     "check_data", "describe_error", "eval_id", "eval_keys", "file_digest", "flatten",
     "layers_per_step", "load_trial", "load_yaml", "merge", "parse_overrides", "reading_id",
     "resolve_data_paths", "set_dotted", "to_dict", "training_id", "trial_id",

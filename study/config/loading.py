@@ -144,6 +144,6 @@ def check_data(configs: list[TrialConfig], source: str) -> None:
     from study.tasks.loader import check_data_files  # reads CSVs: only when a config names one
 
     try:
-        check_data_files(configs)
+        check_data_files([c.task for c in configs])
     except DataError as e:
         raise ConfigError(f"{source}: {e}") from None

@@ -1,21 +1,20 @@
-"""The trial configuration schema: one pydantic dataclass per section (task, model, train, eval), each forbidding
-unknown keys, with every allowed range declared beside its field (study.bounds) and the few rules that
-tie fields together in __post_init__. Torch-free, so analysis and spec checks never import torch.
+"""The trial configuration schema: one pydantic dataclass per section (model, train, eval; the task section is put
+together from the tasks' own settings, study.tasks.settings), each forbidding unknown keys, with every allowed
+range declared beside its field (study.bounds) and the few rules that tie fields together in __post_init__.
+Torch-free, so analysis and spec checks never import torch.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import field
 from typing import Annotated, Literal, get_args
 
 from pydantic.dataclasses import dataclass as pdataclass
 
 from study.bounds import MAX_DEPTH_LAYERS, Bound, check_bounds
-from study.tasks import COMMON_FIELDS, TASKS
+from study.tasks import TASKS, TaskConfig
 
-TaskName = Literal[tuple(TASKS)]  # every module in study/tasks/ with a TASK
 Rule = Literal["carry_last", "infiloop", "full_attnres", "damped"]
 Placement = Literal["none", "inner", "outer", "both"]
 RULES = get_args(Rule)
@@ -140,65 +139,6 @@ class ModelConfig:
                 f"(L={self.L}, n_layers={self.n_layers}); nearest valid depths: {nearest}"
             )
         return depth_layers // per
-
-
-@pdataclass(config={"extra": "forbid"})
-class TaskConfig:
-    """name: sudoku | maze | state_tracking | prefix_sums | arc. size: board side (sudoku 4/6/9, maze N); test_size: a
-    maze side for the test set (extrapolation: train small, test larger). blanks: [min, max] blanks per sudoku
-    (test_blanks: another range for the test set). length: sequence length (state tracking; prefix sums: the
-    longest training string, min_length the shortest); test_lengths: prefix-sum test lengths (default: length).
-    csv / test_csv: Sudoku-Extreme files instead of generated puzzles (relative paths are read against the spec's
-    folder; a trial's identity holds their contents); with csv and no test_csv the last n_test of the first
-    n_train + n_test puzzles of csv are held out as the test set. data_seed fixes the data for every trial seed
-    (the trial seed drives init and order). ARC (methods.md 8.5): size is the canvas side (30: every puzzle; less
-    keeps the puzzles whose grids all fit), n_train / n_test cap the training-set / evaluation-set puzzles, dataset
-    arc_agi_1 | arc_agi_2 (default arc_agi_1), n_aug augmented versions per puzzle (default 8; the papers 1000),
-    puzzle_embedding learned (default) | none (one shared id) | random (trained as learned, each test row read with
-    a random puzzle id)."""
-
-    name: TaskName = "sudoku"
-    size: int = 4
-    blanks: tuple[int, int] = (8, 10)
-    test_blanks: tuple[int, int] | None = None
-    min_path: int = 10
-    loop_frac: Annotated[float, Bound(ge=0, le=1)] = 0.1
-    group: Literal["S5", "A5"] = "A5"
-    length: Annotated[int, Bound(ge=1, most=100_000)] = 16
-    min_length: Annotated[int | None, Bound(ge=1)] = None
-    test_lengths: list[int] | None = None
-    test_size: Annotated[int | None, Bound(ge=1, most=1_000)] = None
-    n_train: Annotated[int, Bound(ge=1, most=10_000_000)] = 2000
-    n_test: Annotated[int, Bound(ge=1, most=1_000_000)] = 256
-    data_seed: int = 0
-    augment: bool = True
-    csv: str | None = None
-    test_csv: str | None = None
-    cache_dir: str | None = None
-    dataset: Literal["arc_agi_1", "arc_agi_2"] | None = None
-    n_aug: int | None = None
-    puzzle_embedding: Literal["learned", "none", "random"] | None = None
-
-    def __post_init__(self):
-        for key in OPTIONAL_TASK_FIELDS:  # set for a task that does not read it: refused, never silently ignored
-            if getattr(self, key) is not None and key not in TASKS[self.name].reads and key not in COMMON_FIELDS:
-                readers = [t for t, d in TASKS.items() if key in d.reads]
-                raise ValueError(f"task.{key} is for {', '.join(readers)}; task.name is {self.name!r}")
-        check_bounds("task", self)
-        TASKS[self.name].check(self)
-        for key in ("csv", "test_csv"):
-            path = getattr(self, key)
-            if path is None:
-                continue
-            if not TASKS[self.name].reads_csv:
-                readers = [t for t, d in TASKS.items() if d.reads_csv]
-                raise ValueError(f"task.{key} is for {', '.join(readers)} (Sudoku-Extreme's CSV format); task.name "
-                                 f"is {self.name!r}")
-            if not os.path.isfile(path):
-                what = "is a folder, not a file" if os.path.isdir(path) else "does not exist"
-                raise ValueError(f"task.{key}={path!r} {what}")
-        if self.test_csv and not self.csv:
-            raise ValueError("task.test_csv needs task.csv (the training puzzles) as well")
 
 
 @pdataclass(config={"extra": "forbid"})
@@ -328,6 +268,3 @@ class TrialConfig:
             raise ValueError(f"eval.n_test={self.eval.n_test} is not allowed; the task has task.n_test="
                              f"{self.task.n_test} test samples")
 
-
-# TaskConfig fields that are unset by default: setting one for a task that does not read it is refused
-OPTIONAL_TASK_FIELDS = tuple(f.name for f in dataclasses.fields(TaskConfig) if f.default is None)

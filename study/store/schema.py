@@ -12,7 +12,6 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
-from study.config import TrialConfig, flatten
 from study.errors import StoreError
 from study.metrics import METRICS
 from study.rows import ROWS, TrialRecord
@@ -51,6 +50,8 @@ def row_fields(cls: type, prefix: str = "") -> list[pa.Field]:
 
 def config_fields() -> list[pa.Field]:
     """The trial config's columns, named by dotted key ('model.carry.beta_init')."""
+    from study.config import TrialConfig  # the config layer (and its task settings) only when a trials table is read
+
     return row_fields(TrialConfig)
 
 
@@ -73,6 +74,8 @@ def schema(table: str) -> pa.Schema:
 
 def config_row(cfg_dict: dict[str, Any]) -> dict[str, Any]:
     """Flatten a trial config dict to its dotted columns; lists and tuples become JSON text."""
+    from study.config import flatten
+
     return {k: json.dumps(v) if isinstance(v, list | tuple) else v for k, v in flatten(cfg_dict).items()}
 
 
@@ -94,6 +97,8 @@ def config_from_row(row: dict[str, Any]) -> dict[str, Any]:
 
 def _is_sequence(dotted: str) -> bool:
     """Whether a dotted config key is a list or tuple field (stored as JSON text)."""
+    from study.config import TrialConfig
+
     cls: Any = TrialConfig
     for part in dotted.split("."):
         tp = typing.get_type_hints(cls)[part]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -377,8 +378,22 @@ def data_cost(cfg) -> str:
             f"{2 * n_test * S * 4 / 2**20:,.0f} MiB (inputs + labels, int32)")
 
 
+
+@dataclass
+class Settings:
+    """(methods.md 8.5) size: the canvas side (30: every puzzle; less keeps the puzzles whose grids all fit);
+    n_train / n_test cap the training-set / evaluation-set puzzles. dataset: arc_agi_1 | arc_agi_2 (default
+    arc_agi_1). n_aug: augmented versions per puzzle (default 8; the papers 1000). puzzle_embedding: learned
+    (default) | none (one shared id) | random (trained as learned, each test row read with a random puzzle id)."""
+
+    size: int = 4
+    dataset: Literal["arc_agi_1", "arc_agi_2"] | None = None
+    n_aug: int | None = None
+    puzzle_embedding: Literal["learned", "none", "random"] | None = None
+
+
 TASK = TaskDef("arc", spec=spec, generate=generate_split, check=check_config, augment=augment, free_cells=free_cells,
-               reads=("size", "dataset", "n_aug", "puzzle_embedding"), vote=vote)
+               settings=Settings, vote=vote)
 
 __all__ = ["DATASETS", "TASK", "Version", "catalogue", "crop", "dihedral", "place", "vote"]
 

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
-if TYPE_CHECKING:  # the config layer sits above the tasks: a name for annotations, no import at run time
-    from study.config import TaskConfig
-
-COMMON_FIELDS = ("name", "n_train", "n_test", "data_seed", "cache_dir")  # TaskConfig fields every task reads
+# A trial's task section, as the functions below receive it: study.tasks.TaskConfig, which is put together from the
+# tasks' own settings when the package is imported (study.tasks.settings), so it has no static name here.
+TaskConfig = Any
 IGNORE = -100  # label value for positions that carry no target (padding)
 
 
@@ -67,8 +67,9 @@ class TaskDef:
     seed) makes the 'train' or 'test' split; augment(split, cfg, rng) is the training augmentation (None: none);
     reads_csv: task.csv / task.test_csv apply (load_csv(path, cfg, limit) reads them). free_cells(split): (N, S)
     the cells a solver must fill, for the stability diagnostics (default: every scored cell; sudoku: the blanks).
-    reads: the task-specific TaskConfig fields this task reads (beside COMMON_FIELDS, which every task reads): the
-    one statement that TaskConfig's refusals and the sweep checks (study.config.usage) use. vote(cfg, preds, conf,
+    settings: a dataclass of the task's own settings (types, defaults, Bounds; its docstring says what each means),
+    read beside the common ones (study.tasks.settings); its field names are `reads`, the one statement that
+    TaskConfig's refusals and the sweep checks (study.config.usage) use. vote(cfg, preds, conf,
     difficulty): a task scored per pooled answer rather than per sample (ARC): {difficulty or None: {column: value}}
     for the depth rows' VOTE_COLUMNS.
     """
@@ -80,8 +81,13 @@ class TaskDef:
     augment: Callable[[Split, TaskConfig, np.random.Generator], Split] | None = None
     load_csv: Callable[[str, TaskConfig, int | None], Split] | None = None
     free_cells: Callable[[Split], np.ndarray] = lambda split: split.labels != IGNORE
-    reads: tuple[str, ...] = ()
+    settings: type | None = None
     vote: Callable[[TaskConfig, np.ndarray, np.ndarray, np.ndarray], dict] | None = None
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        """The task's own TaskConfig fields (beside the common ones)."""
+        return tuple(f.name for f in dataclasses.fields(self.settings)) if self.settings else ()
 
     @property
     def reads_csv(self) -> bool:

@@ -11,17 +11,13 @@ import json
 import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from study.errors import DataError
 from study.paths import atomic_target, machine_cache
-from study.tasks import TASKS
+from study.tasks import TASKS, TaskConfig
 from study.tasks.base import Split, TaskSpec
-
-if TYPE_CHECKING:  # the config layer sits above the tasks: names only, no import at run time
-    from study.config import TaskConfig, TrialConfig
 
 
 @dataclass
@@ -98,13 +94,12 @@ def load_task(cfg: TaskConfig) -> Task:
     return Task(TASKS[cfg.name].spec(cfg), splits["train"], splits["test"], cfg)
 
 
-def check_data_files(configs: list[TrialConfig]) -> None:
-    """Read every distinct task CSV the configs name, as a trial would, so bad data (a broken row, an answer that
+def check_data_files(tasks: list[TaskConfig]) -> None:
+    """Read every distinct task CSV the task sections name, as a trial would, so bad data (a broken row, an answer that
     breaks the rules, too few puzzles to hold out a test set) is refused before any trial starts: DataError
     naming file and line."""
     seen = set()
-    for cfg in configs:
-        t = cfg.task
+    for t in tasks:
         key = (t.csv, t.test_csv, t.size, t.n_train, t.n_test)
         if t.csv and key not in seen:
             seen.add(key)

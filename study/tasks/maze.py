@@ -11,9 +11,12 @@ two open cells are knocked out, so there are loops and several routes (the label
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
+from typing import Annotated
 
 import numpy as np
 
+from study.bounds import Bound
 from study.tasks.base import Split, TaskDef, TaskSpec
 
 WALL, OPEN, START, GOAL, PATH = 1, 2, 3, 4, 5
@@ -132,5 +135,18 @@ def generate_split(cfg, which: str, n: int, seed: int) -> Split:
     return split
 
 
+
+@dataclass
+class Settings:
+    """size: the maze's side; test_size: a side for the test set (extrapolation: train small, test larger).
+    min_path: the shortest start-to-goal path a maze may have. loop_frac: the share of walls knocked down after the
+    maze is carved (0: a perfect maze, one path)."""
+
+    size: int = 4
+    min_path: int = 10
+    loop_frac: Annotated[float, Bound(ge=0, le=1)] = 0.1
+    test_size: Annotated[int | None, Bound(ge=1, most=1_000)] = None
+
+
 TASK = TaskDef("maze", spec=lambda cfg: maze_spec(cfg.size, cfg.test_size), check=check_config,
-               generate=generate_split, reads=("size", "min_path", "loop_frac", "test_size"))
+               generate=generate_split, settings=Settings)

@@ -11,8 +11,12 @@ split), otherwise independent fair bits.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Annotated
+
 import numpy as np
 
+from study.bounds import Bound
 from study.tasks.base import IGNORE, Split, TaskDef, TaskSpec
 
 PAD, ZERO = 0, 1  # bit b is token ZERO + b
@@ -81,5 +85,16 @@ def check_config(cfg) -> None:
                              f"only {2 ** short[0]}")
 
 
+
+@dataclass
+class Settings:
+    """length: the longest training string; min_length: the shortest (default: length). test_lengths: the test
+    strings' lengths (default: length; longer ones test extrapolation)."""
+
+    length: Annotated[int, Bound(ge=1, most=100_000)] = 16
+    min_length: Annotated[int | None, Bound(ge=1)] = None
+    test_lengths: list[int] | None = None
+
+
 TASK = TaskDef("prefix_sums", spec=spec, generate=generate, check=check_config,
-               reads=("length", "min_length", "test_lengths"))
+               settings=Settings)

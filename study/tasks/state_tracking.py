@@ -8,9 +8,12 @@ Difficulty = word length (every sample in a set has the same).
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
+from typing import Annotated, Literal
 
 import numpy as np
 
+from study.bounds import Bound
 from study.tasks.base import Split, TaskDef, TaskSpec
 
 GROUPS = ("S5", "A5")
@@ -52,6 +55,16 @@ def generate(group: str, length: int, n: int, seed: int) -> Split:
     return Split(words + 1, prods + 1, np.full(n, length, dtype=np.int64))
 
 
+
+@dataclass
+class Settings:
+    """group: the permutation group whose products are tracked (S5, or its even half A5). length: the sequence
+    length."""
+
+    group: Literal["S5", "A5"] = "A5"
+    length: Annotated[int, Bound(ge=1, most=100_000)] = 16
+
+
 TASK = TaskDef("state_tracking", spec=lambda cfg: state_spec(cfg.group, cfg.length),
                generate=lambda cfg, which, n, seed: generate(cfg.group, cfg.length, n, seed),
-               reads=("group", "length"))
+               settings=Settings)

@@ -9,6 +9,7 @@ Difficulty = number of blanks, exact by construction.
 from __future__ import annotations
 
 import csv
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -300,8 +301,25 @@ def generate_split(cfg, which: str, n: int, seed: int) -> Split:
 
 BLANK = 1  # the blank token (see the module docstring)
 
+
+@dataclass
+class Settings:
+    """size: board side (4, 6 or 9). blanks: [min, max] blanks per puzzle; test_blanks: another range for the test
+    set. augment: the training batches' symmetries (digit relabelling, transposition, band and stack moves).
+    csv / test_csv: Sudoku-Extreme files instead of generated puzzles (relative paths are read against the spec's
+    folder; a trial's identity holds their contents); with csv and no test_csv the last n_test of the first
+    n_train + n_test puzzles of csv are held out as the test set."""
+
+    size: int = 4
+    blanks: tuple[int, int] = (8, 10)
+    test_blanks: tuple[int, int] | None = None
+    augment: bool = True
+    csv: str | None = None
+    test_csv: str | None = None
+
+
 TASK = TaskDef("sudoku", spec=lambda cfg: sudoku_spec(cfg.size), generate=generate_split, check=check_config,
                free_cells=lambda split: split.inputs == BLANK,
-               reads=("size", "blanks", "test_blanks", "augment", "csv", "test_csv"),
+               settings=Settings,
                augment=lambda split, cfg, rng: augment(split, cfg.size, rng) if cfg.augment else split,
                load_csv=lambda path, cfg, limit: load_csv(path, cfg.size, limit=limit))
