@@ -10,8 +10,9 @@ WORKDIR /app
 # The package first, so code edits do not re-run the dependency install.
 COPY --chown=ray:users pyproject.toml README.md ./
 COPY --chown=ray:users study ./study
-# torch==2.13.0 from PyPI is its CUDA build on Linux x86_64: the GPU path needs nothing else.
-RUN pip install --no-cache-dir -e . "ray[default,tune]==2.60.0"
+# The versions pinned in pyproject.toml (Ray's must match the base image's tag; a test checks it). torch==2.13.0
+# from PyPI is its CUDA build on Linux x86_64: the GPU path needs nothing else.
+RUN pip install --no-cache-dir -e .
 COPY --chown=ray:users search_spaces ./search_spaces
 COPY --chown=ray:users cluster ./cluster
 COPY --chown=ray:users configs ./configs

@@ -165,3 +165,11 @@ def test_store_schemas_come_from_the_row_definitions():
 
     for table, cls in ROWS.items():
         assert SCHEMAS[table].names[2:] == [f.name for f in dataclasses.fields(cls)], table
+
+
+def test_the_cluster_image_runs_the_ray_that_pyproject_pins():
+    pins = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    ray = next(p for p in pins if p.startswith("ray["))
+    version = ray.split("==", 1)[1]
+    image = next(line for line in (REPO / "Dockerfile").read_text().splitlines() if line.startswith("ARG RAY_IMAGE"))
+    assert f"rayproject/ray:{version}-" in image, (ray, image)

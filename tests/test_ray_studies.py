@@ -191,6 +191,39 @@ def test_resume_after_the_driver_died_before_tune_saved_any_trial(ray_cluster, t
     assert_rows_once(tmp_path, "tiny", 4)
 
 
+def ask_for_more_cpus_than_the_cluster_has(root: Path, name: str) -> None:
+    """Edit a study's saved spec (what resume reads) so that its trials ask for 1,000 CPUs each."""
+    import yaml
+
+    from study.store.layout import spec_file
+
+    path = root / spec_file(name)
+    data = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump({**data, "resources": {"cpu": 1000}}, sort_keys=False))
+
+
+def test_a_resumed_grid_study_gets_the_preflight_checks_of_a_run(ray_cluster, tmp_path):
+    """Resuming restores Tune's saved experiment; the cluster is checked first, as for a run: one line, exit 2."""
+    kill_driver_once_tune_saved_state(ray_cluster, tmp_path)
+    ask_for_more_cpus_than_the_cluster_has(tmp_path, "tiny")
+    proc = loopstudy("resume", "tiny", "--store", str(tmp_path), "--address", ray_cluster["address"])
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "resources.cpu=1000" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "restoring from" not in proc.stderr  # refused before Tune restored anything
+
+
+def test_a_resumed_optuna_search_gets_the_preflight_checks_of_a_run(ray_cluster, tmp_path):
+    from study.run.driver import save_spec
+    from study.spec import load_study
+
+    save_spec(Store(tmp_path), load_study(REPO / "search_spaces" / "optuna_hpo.yaml"))
+    ask_for_more_cpus_than_the_cluster_has(tmp_path, "optuna_hpo")
+    proc = loopstudy("resume", "optuna_hpo", "--store", str(tmp_path), "--address", ray_cluster["address"])
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "resources.cpu=1000" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert not (tmp_path / "_tune" / "optuna_hpo").exists()  # no Tune experiment was started
+
+
 def test_resume_continues_the_optuna_study_of_a_search_whose_driver_died(ray_cluster, tmp_path):
     """resume continues the search from its Optuna storage: the journal ends with 3 finished samples, the one the
     dead driver left running marked interrupted (FAIL) and sampled anew, none RUNNING, no sample told twice."""

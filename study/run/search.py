@@ -10,13 +10,22 @@ from study.run.optuna_storage import OptunaStudy, open_storage
 
 
 class StoppedIsPruned(OptunaSearch):
+    def __init__(self, *, storage, study_name: str, seed: int):
+        super().__init__(seed=seed, storage=storage, study_name=study_name)
+        self.optuna_storage, self.optuna_study_name = storage, study_name
+
     def _finished(self, trial_id: str) -> bool:
         """Whether the Optuna trial behind a Tune trial has finished in the storage already: a resumed driver's
         searcher (Tune's saved copy) may not know that a sample ended before the last driver died."""
+        # Tune's map of its trials to Optuna's: private to ray 2.60's OptunaSearch (pinned in pyproject.toml); the
+        # rest is Optuna's public storage API
         ot_trial = self._ot_trials.get(trial_id)
         if ot_trial is None:
             return False
-        return self._ot_study._storage.get_trial(ot_trial._trial_id).state.is_finished()
+        storage = self.optuna_storage
+        study_id = storage.get_study_id_from_name(self.optuna_study_name)
+        tid = storage.get_trial_id_from_study_id_trial_number(study_id, ot_trial.number)
+        return storage.get_trial(tid).state.is_finished()
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         if not self._finished(trial_id):
@@ -24,7 +33,7 @@ class StoppedIsPruned(OptunaSearch):
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         if self._finished(trial_id):  # recorded already: telling it again would fail the driver
-            self._ot_trials.pop(trial_id, None)
+            self._ot_trials.pop(trial_id, None)  # (ray 2.60's private map, as above)
             return
         ot_trial = self._ot_trials.get(trial_id)
         if result is not None and result.get("trial") and ot_trial is not None:  # the row it left in the store
@@ -36,4 +45,4 @@ class StoppedIsPruned(OptunaSearch):
 
 def searcher(ot: OptunaStudy, seed: int) -> StoppedIsPruned:
     """Tune's searcher over the search's Optuna study (Tune pickles it, storage and all, for resume)."""
-    return StoppedIsPruned(seed=seed, storage=open_storage(ot.location), study_name=ot.name)
+    return StoppedIsPruned(storage=open_storage(ot.location), study_name=ot.name, seed=seed)

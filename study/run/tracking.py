@@ -103,6 +103,8 @@ class TensorBoard(TBXLoggerCallback):
                 writer.add_scalar("depth_curve/exact_acc", acc, global_step=layers)
         super().log_trial_end(trial, failed)
 
+    # overrides a private method of ray 2.60's TBXLoggerCallback (pinned in pyproject.toml): Tune's own hparams are
+    # its config, here JSON text; this logs the flat config instead
     def _try_log_hparams(self, trial, result: dict) -> None:
         from tensorboardX.summary import hparams
 
@@ -137,6 +139,8 @@ class MLflow(MLflowLoggerCallback):
 
 def wandb_callback(params: TrialParams, *, project: str, mode: str, folder: Path):
     """Tune's W&B logger: one run per trial, the flat config, offline (default) or online, at the training step."""
+    # ray 2.60's private W&B actor and its hook (pinned in pyproject.toml): the public callback has no way to log at
+    # the training step instead of Tune's report count
     from ray.air.integrations.wandb import WandbLoggerCallback, _WandbLoggingActor
 
     class AtStep(_WandbLoggingActor):
