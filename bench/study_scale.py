@@ -46,10 +46,10 @@ from ray import tune
 from study.config import build_trial
 from study.run.session import init_ray
 from study.store import Store
-from study.trial.execute import run_trial
+from study.trial.execute import TrialContext, run_trial
 
 def bare(config):
-    metrics, _ = run_trial(build_trial(config["trial"]), study_name="bare", store=Store(config["store"]))
+    metrics, _ = run_trial(build_trial(config["trial"]), context=TrialContext(Store(config["store"]), "bare"))
     tune.report(metrics)
 
 root, n = sys.argv[1], int(sys.argv[2])

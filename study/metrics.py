@@ -63,7 +63,7 @@ def summary_metrics(depth: list, final_train_loss: float | None) -> dict[str, fl
     return out
 
 
-DEPTH_KEY = "depth/exact_acc/"  # + executed layers: a trial's last report carries its depth curve (study/tracking.py)
+DEPTH_KEY = "depth/exact_acc/"  # + executed layers: a trial's last report carries its depth curve (study.run.tracking)
 
 
 def depth_report(depth_rows) -> dict[str, float]:

@@ -25,7 +25,7 @@ from study.tasks.arc import (
     vote,
 )
 from study.tasks.loader import load_task
-from study.trial.execute import run_trial
+from study.trial.execute import TrialContext, run_trial
 
 
 @pytest.mark.parametrize("dataset", ["arc_agi_1", "arc_agi_2"])
@@ -148,7 +148,7 @@ def test_an_arc_trial_reads_pass_at_k_at_every_depth_and_its_tables_and_figures_
                        "train": {"steps": 3, "batch_size": 8, "log_every": 1},
                        "eval": {"depths": [2, 4], "batch_size": 64}})
     store = Store(tmp_path / "results")
-    metrics, result = run_trial(cfg, study_name="arc", store=store)
+    metrics, result = run_trial(cfg, context=TrialContext(store, "arc"))
     overall = {r.depth_layers: r for r in result.depth if r.difficulty is None}
     assert sorted(overall) == [2, 4]
     for r in result.depth:

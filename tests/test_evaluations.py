@@ -1,5 +1,5 @@
 """Train once, read many times: stored weights, evaluations of them, checkpoints along training (study.run.plan,
-study/weights.py, `loopstudy evaluate`)."""
+study/trial/weights.py, `loopstudy evaluate`)."""
 
 import hashlib
 import json
@@ -20,7 +20,7 @@ from study.spec import load_study
 from study.store import Store
 from study.store.layout import weights_file
 from study.tasks.loader import load_task
-from study.trial.execute import evaluate_stored, run_trial
+from study.trial.execute import TrialContext, evaluate_stored, run_trial
 from study.trial.work import Reading
 
 from .conftest import REPO
@@ -55,7 +55,7 @@ def trained(tmp_path_factory):
     store = Store(tmp / "r")
     save_spec(store, study)
     cfg = study.trials[0]
-    run_trial(cfg, study_name="reads", store=store)
+    run_trial(cfg, context=TrialContext(store, "reads"))
     return tmp, store, study, cfg
 
 
@@ -88,7 +88,7 @@ def test_rereading_stored_weights_at_depths_already_read_gives_the_stored_number
     data = to_dict(cfg)
     data["eval"]["depths"] = [6, 24]
     reading = Reading(build_trial(data, "test"))
-    evaluate_stored(trial_id(cfg), [reading], store=store, study_name="reads")
+    evaluate_stored(trial_id(cfg), [reading], context=TrialContext(store, "reads"))
     got = depth_rows(store, reading.tid)
     want = depth_rows(store, trial_id(cfg)).filter(pl.col("depth_layers").is_in([6, 24]))
     assert got.height == want.height > 0 and got.equals(want)
@@ -105,7 +105,7 @@ def test_a_weights_file_changed_after_it_was_stored_is_refused(trained, tmp_path
     try:
         path.write_bytes(original[:-1] + bytes([original[-1] ^ 1]))
         with pytest.raises(StoreError, match="changed or damaged after the trial stored it"):
-            evaluate_stored(tid, [Reading(cfg, 16)], store=store, study_name="reads")
+            evaluate_stored(tid, [Reading(cfg, 16)], context=TrialContext(store, "reads"))
     finally:
         path.write_bytes(original)
 
@@ -148,7 +148,7 @@ def test_evaluate_refuses_a_study_whose_trials_stored_no_weights(tmp_path):
     store = Store(tmp_path / "r")
     save_spec(store, study)
     cfg = study.trials[0]
-    run_trial(cfg, study_name="reads", store=store)
+    run_trial(cfg, context=TrialContext(store, "reads"))
     row = store.trial_row("reads", trial_id(cfg))
     store.write("trials", "reads", trial_id(cfg), [{**row, "weights_sha256": None, "weights_bytes": None}])
     proc = loopstudy("evaluate", "reads", "--store", str(tmp_path / "r"), "eval.depths=[6]")

@@ -20,7 +20,7 @@ def test_every_field_of_the_schema_is_placed_in_the_statement():
     fields = set(flatten(to_dict(TrialConfig())))
     task_fields = {f"task.{k}" for d in TASKS.values() for k in d.reads} | {f"task.{k}" for k in COMMON_FIELDS}
     placed = set(READ_WHEN) | ALWAYS_READ | task_fields
-    assert fields - placed == set(), "place these in study/config/reads.py"
+    assert fields - placed == set(), "place these in study/config/usage.py"
     assert set(READ_WHEN) | ALWAYS_READ <= fields  # nothing stale in the statement
     assert set(READ_WHEN).isdisjoint(ALWAYS_READ)
 

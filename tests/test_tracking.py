@@ -1,4 +1,4 @@
-"""Live tracking (study/tracking.py), read back with each tracker's own client: TensorBoard's event reader,
+"""Live tracking (study/run/tracking.py), read back with each tracker's own client: TensorBoard's event reader,
 mlflow.MlflowClient and W&B's offline run file. One run per trial named by its setting and trial id, the flat
 config as params, training logs at the training step, the final metrics and the depth curve at the end."""
 

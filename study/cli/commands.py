@@ -19,7 +19,7 @@ from study.store.layout import figures_dir, weights_file
 def cmd_trial(args: argparse.Namespace) -> int:
     from study.config import load_trial, trial_id
     from study.store import Store
-    from study.trial.execute import run_trial
+    from study.trial.execute import TrialContext, TrialHooks, run_trial
 
     cfg = load_trial(args.config, args.overrides)
     store = None if args.no_store else Store(args.store)  # a bad root fails now, not after training
@@ -31,8 +31,8 @@ def cmd_trial(args: argparse.Namespace) -> int:
         eprint(f"  step {log.step:6d}/{cfg.train.steps}  loss {log.loss:.4f}  cell {log.cell_acc:.3f}  "
                f"exact {log.exact_acc:.3f}  lr {log.lr:.2e}")
 
-    metrics, result = run_trial(cfg, study_name=args.study, store=store, on_log=on_log,
-                                on_phase=lambda m: eprint(f"  {m}"))
+    metrics, result = run_trial(cfg, context=TrialContext(store, args.study),
+                                hooks=TrialHooks(on_log=on_log, on_phase=lambda m: eprint(f"  {m}")))
     print(format_depth_rows(result.depth))
     if store is not None:
         eprint(f"rows written to {store.uri} (study={args.study}, trial_id={tid}); weights: "

@@ -1,6 +1,6 @@
 """Train once, read many times: evaluations of stored weights. Torch-free and Ray-free (the driver plans with it).
 
-An evaluation reads a trained trial's stored weights (study/weights.py) under another eval section, and is stored
+An evaluation reads a trained trial's stored weights (study/trial/weights.py) under another eval section, and is stored
 as a trial of its own: a trials row (`weights_of` = the trained trial, `weights_step`, `eval_id`), its depth_eval,
 dynamics and perturbation rows, and an empty train_curve, so every reader (tables, figures, report, the Python API,
 DuckDB) sees it as one more setting, named by the eval keys that differ. Its trial id is the one the trial would

@@ -1,7 +1,8 @@
-"""Every check that needs more than the spec itself, in one place and in the order a command meets them: what the
-cluster can give, where the trials can reach the results and data, whether the store can be written, whether this
-machine has the device a trial asks for. Each refusal is one ConfigError line naming the fix, raised before any
-trial starts (or, for `loopstudy trial`, before training)."""
+"""Every check of a study that needs more than the spec itself, in one place and in the order a driver meets them
+(study.run.driver.start, for run, resume and evaluate alike): what the cluster can give, where the trials can reach
+the results and data, whether the store can be written, whether the trackers it names are installed. Each refusal
+is one ConfigError line naming the fix, raised before any trial starts. A trial's own checks on its machine are
+study.trial.preflight."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Ray Tune's OptunaSearch over the study's Optuna storage (study/optuna_storage.py), told the truth about
+"""Ray Tune's OptunaSearch over the study's Optuna storage (study/run/optuna_storage.py), told the truth about
 early-stopped trials: a trial that the scheduler (ASHA) ended before its final report is PRUNED in the Optuna
 study, with its last reported value, not COMPLETE with a training accuracy passed off as the study's metric."""
 

@@ -29,7 +29,7 @@ from study.config import to_dict, trial_id
 from study.metrics import DEPTH_KEY
 from study.store import config_row
 
-STEP = "step"  # the training step, in every report (study/trainable.py)
+STEP = "step"  # the training step, in every report (study/run/trainable.py)
 
 
 def depth_curve(result: dict[str, Any] | None) -> list[tuple[int, float]]:

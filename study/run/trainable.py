@@ -69,10 +69,12 @@ class TuneSession:
             with ckpt.as_directory() as d:
                 trainer.load(Path(d) / CKPT_FILE)
 
-    def callbacks(self) -> dict[str, Any]:
-        """run_trial's keyword callbacks."""
-        return {"on_log": self.on_log, "checkpoint": self.checkpoint, "resume": self.resume,
-                "on_eval_progress": self.on_eval_progress}
+    def hooks(self):
+        """What run_trial tells Tune, and how it checkpoints and resumes through Tune."""
+        from study.trial.execute import TrialHooks
+
+        return TrialHooks(on_log=self.on_log, checkpoint=self.checkpoint, resume=self.resume,
+                          on_eval_progress=self.on_eval_progress)
 
 
 def trial_work(config: dict[str, Any]) -> tuple[TrialConfig, WorkItem]:
@@ -113,17 +115,17 @@ def trainable(config: dict[str, Any]) -> None:
     (study.run.plan). config: trial (and searched), store, study, metric, threads, spec_hash."""
     import ray
 
-    from study.trial.execute import evaluate_stored, run_trial
+    from study.trial.execute import TrialContext, TrialHooks, evaluate_stored, run_trial
 
     cfg, work = trial_work(config)
     store = Store(config["store"])
     study_name, metric = config["study"], config["metric"]
     node = ray.get_runtime_context().get_node_id()
-    common = {"store": store, "study_name": study_name, "node": node, "metric": metric,
-              "spec_hash": config.get("spec_hash")}
+    context = TrialContext(store, study_name, node, metric, config.get("spec_hash"))
     if work.train is None:  # every reading is of weights stored by an earlier trial
         session = TuneSession(work.readings[0].tid, node, 1)
-        evaluate_stored(work.weights_of, work.readings, on_eval_progress=session.on_eval_progress, **common)
+        evaluate_stored(work.weights_of, work.readings, context=context,
+                        hooks=TrialHooks(on_eval_progress=session.on_eval_progress))
         stored = stored_metrics(store, study_name, work.readings[0].tid)
         session.report(stored[metric], final=1, **stored)
         return
@@ -131,10 +133,11 @@ def trainable(config: dict[str, Any]) -> None:
     session = TuneSession(tid, node, cfg.train.steps)
     if store.is_complete(study_name, tid):  # e.g. two Optuna samples that resolve to the same config
         if work.readings:  # trained by an earlier attempt whose readings did not all finish
-            evaluate_stored(tid, work.readings, on_eval_progress=session.on_eval_progress, **common)
+            evaluate_stored(tid, work.readings, context=context,
+                            hooks=TrialHooks(on_eval_progress=session.on_eval_progress))
         stored = stored_metrics(store, study_name, tid)
         session.report(stored[metric], skipped=1, final=1, **stored)
         return
-    metrics, result = run_trial(cfg, readings=work.readings, **common, **session.callbacks())
-    # the depth curve rides along for the trackers (study/tracking.py); the store has every row
+    metrics, result = run_trial(cfg, context=context, hooks=session.hooks(), readings=work.readings)
+    # the depth curve rides along for the trackers (study/run/tracking.py); the store has every row
     session.report(metrics[metric], final=1, **metrics, **depth_report(result.depth))

@@ -1,6 +1,6 @@
 """The shape of a study spec (one YAML file), as pydantic models: what each section may hold, checked field by
 field; the trial sections (task, model, train, eval) are checked as trial configs by study.config. Loading and
-expanding a spec into trials is study/spec.py."""
+expanding a spec into trials is study/spec/study.py."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ class OptunaSpec(Strict):
     mode: Literal["max", "min"] = "max"
     num_samples: int = 8
     space: dict[str, OptunaParam]
-    storage: str | None = None  # the Optuna study's storage: a journal file or an RDB URL (study/optuna_storage.py)
+    storage: str | None = None  # the Optuna study's storage: a journal file or an RDB URL (study/run/optuna_storage.py)
 
     @field_validator("num_samples")
     @classmethod
@@ -136,7 +136,7 @@ class Resources(Strict):
 
 
 class TrackingSpec(Strict):
-    """Live tracking through Ray Tune's logger callbacks (study/tracking.py); off unless asked for."""
+    """Live tracking through Ray Tune's logger callbacks (study/run/tracking.py); off unless asked for."""
 
     tensorboard: bool = False
     mlflow: bool | str = False  # true: an SQLite store in the results root; or a tracking URI (http://..., sqlite:)

@@ -78,7 +78,7 @@ class Study:
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
     def optuna_storage(self, root: str) -> str:
-        """Where this search's Optuna study lives under the results root `root` (study/optuna_storage.py)."""
+        """Where this search's Optuna study lives under the results root `root` (study/run/optuna_storage.py)."""
         return storage_location(self.spec.sweep.optuna.storage, root, self.name)
 
 

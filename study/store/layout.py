@@ -9,7 +9,7 @@
     <root>/_leases/<name>.json                            the driver running the study (store/lease.py)
     <root>/_optuna/<name>.journal                         an Optuna search's study (optuna_storage.py)
     <root>/_tracking/<name>/                              MLflow's and W&B's local runs (tracking.py)
-    <root>/_weights/<name>/<trial_id>/final.safetensors   a trial's final (EMA) weights (study/weights.py)
+    <root>/_weights/<name>/<trial_id>/final.safetensors   a trial's final (EMA) weights (study/trial/weights.py)
     <root>/_weights/<name>/<trial_id>/step-<N>.safetensors   weights kept at training step N
 
 Folders starting with '_' and files starting with '.' (writes in flight) are never read as table rows. No table
@@ -86,7 +86,7 @@ def evaluate_tune_dir(root: str) -> str:
 
 
 def optuna_journal(root: str, study: str) -> str:
-    """An Optuna search's default storage: a JournalStorage file beside the tables (study/optuna_storage.py)."""
+    """An Optuna search's default storage: a JournalStorage file beside the tables (study/run/optuna_storage.py)."""
     return f"{root.rstrip('/')}/_optuna/{study}.journal"
 
 

@@ -23,6 +23,7 @@ from typing import Literal
 
 import numpy as np
 
+from study.tasks.arc_versions import IDENTITY, Version, dihedral
 from study.tasks.base import IGNORE, Split, TaskDef, TaskSpec
 
 PAD, EOS, COLOUR0 = 0, 1, 2
@@ -36,37 +37,6 @@ def setting(cfg, key: str):
     """A task knob with ARC's default when the spec leaves it unset."""
     value = getattr(cfg, key)
     return DEFAULTS[key] if value is None else value
-
-
-# -- the 8 dihedral transforms and colour permutations ---------------------------------------------------------------
-def dihedral(grid: np.ndarray, k: int) -> np.ndarray:
-    """Transform k of the 8: k = 0..3 rotate by k quarter turns, 4..7 transpose then rotate by k - 4."""
-    return np.rot90(grid if k < 4 else grid.T, k % 4)
-
-
-def _inverse_table() -> tuple[int, ...]:
-    probe = np.arange(6).reshape(2, 3)  # no symmetry: each transform is told apart
-    return tuple(next(j for j in range(8) if np.array_equal(dihedral(dihedral(probe, k), j), probe)) for k in range(8))
-
-
-INVERSE = _inverse_table()
-
-
-@dataclass(frozen=True)
-class Version:
-    """One augmented version of a puzzle: dihedral transform k and colour map perm (perm[0] = 0)."""
-
-    k: int
-    perm: tuple[int, ...]
-
-    def apply(self, grid: np.ndarray) -> np.ndarray:
-        return np.asarray(self.perm)[dihedral(grid, self.k)]
-
-    def invert(self, grid: np.ndarray) -> np.ndarray:
-        return dihedral(np.argsort(self.perm)[grid], INVERSE[self.k])
-
-
-IDENTITY = Version(0, tuple(range(10)))
 
 
 # -- the data ----------------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import json
 import subprocess
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -30,6 +31,36 @@ from study.trial.weights import StoredWeights, kept_steps, load_weights, save_we
 from study.trial.work import Reading
 
 
+@dataclass(frozen=True)
+class TrialContext:
+    """Where a trial's rows go and what it runs under: the store (None: nothing is written), the study, the Ray
+    node it runs on, the study's objective (sweep.optuna.metric) and the spec version (spec_hash)."""
+
+    store: Store | None = None
+    study_name: str = "adhoc"
+    node: str | None = None
+    metric: str = DEFAULT_METRIC
+    spec_hash: str | None = None
+
+
+@dataclass(frozen=True)
+class TrialHooks:
+    """What the caller hears from a trial and may do to it (Tune's session, or `loopstudy trial`'s lines); each is
+    optional. on_log(log) after every training log; checkpoint(trainer) every train.checkpoint_every batches;
+    resume(trainer) may load a checkpoint into the fresh trainer before training starts; on_phase(message) at each
+    phase; on_eval_progress(done, total) follows the evaluation's steps."""
+
+    on_log: Callable[[TrainLog], None] | None = None
+    checkpoint: Callable[[Trainer], None] | None = None
+    resume: Callable[[Trainer], None] | None = None
+    on_phase: Callable[[str], None] | None = None
+    on_eval_progress: Callable[[int, int], None] | None = None
+
+    def say(self, message: str) -> None:
+        if self.on_phase is not None:
+            self.on_phase(message)
+
+
 @functools.cache
 def git_commit() -> str | None:
     try:
@@ -46,9 +77,10 @@ class TrialRecorder:
     a `complete` trials row, that row last (study.rows.STATUSES). An evaluation of stored weights
     (study.run.plan) is recorded the same way, as a trial of its own (tid, weights_of) with no training."""
 
-    def __init__(self, store: Store | None, study_name: str, cfg: TrialConfig, model, *, node: str | None,
-                 spec_hash: str | None, tid: str | None = None, weights_of: str | None = None):
-        self.store, self.study_name, self.tid = store, study_name, tid or trial_id(cfg)
+    def __init__(self, context: TrialContext, cfg: TrialConfig, model, *, tid: str | None = None,
+                 weights_of: str | None = None):
+        self.store, self.study_name, self.tid = context.store, context.study_name, tid or trial_id(cfg)
+        node, spec_hash = context.node, context.spec_hash
         self.cfg = cfg
         self.started, self.t0 = now_utc(), time.perf_counter()
         self.fixed = {**config_row(to_dict(cfg)), "params": sum(p.numel() for p in model.parameters()),
@@ -72,7 +104,7 @@ class TrialRecorder:
         self.kept = {k: v for k, v in kept_steps(row or {}).items() if k <= step}
 
     def store_weights(self, model, step: int) -> None:
-        """Store the final weights the trial is evaluated with (study/weights.py); its rows will name their hash."""
+        """Store the final weights the trial is evaluated with (study.trial.weights); its rows will name their hash."""
         if self.store is not None:
             self.weights = save_weights(self.store, self.study_name, self.tid, self.cfg, model.state_dict(), step,
                                         final=True)
@@ -104,64 +136,46 @@ class TrialRecorder:
         self._trials_row("complete", step, metrics.get(metric), weights_step=step, **metrics)
 
 
-def run_trial(
-    cfg: TrialConfig,
-    *,
-    study_name: str = "adhoc",
-    store: Store | None = None,
-    on_log: Callable[[TrainLog], None] | None = None,
-    checkpoint: Callable[[Trainer], None] | None = None,
-    resume: Callable[[Trainer], None] | None = None,
-    on_phase: Callable[[str], None] | None = None,
-    on_eval_progress: Callable[[int, int], None] | None = None,
-    node: str | None = None,
-    metric: str = DEFAULT_METRIC,
-    spec_hash: str | None = None,
-    readings: Sequence[Reading] = (),
-) -> tuple[dict[str, float], EvalResult]:
+def run_trial(cfg: TrialConfig, *, context: TrialContext = TrialContext(), hooks: TrialHooks = TrialHooks(),
+              readings: Sequence[Reading] = ()) -> tuple[dict[str, float], EvalResult]:
     """Train and evaluate one configuration; returns (summary metrics, evaluation rows).
 
-    checkpoint(trainer) is called every train.checkpoint_every batches; resume(trainer) may load a checkpoint
-    into the fresh trainer before training starts; on_eval_progress(done, total) follows the evaluation's steps.
-    With a store, rows are written as the trial goes (TrialRecorder) before on_log sees each log, and the final
-    weights (every train.keep_checkpoints-th checkpoint's too) are stored (study/weights.py). readings: other
-    evaluations of the same weights (configs differing in eval.* keys only), each stored as its own trial.
-    metric: the study's objective (sweep.optuna.metric); spec_hash: the spec version the trial runs under.
+    With a store in the context, rows are written as the trial goes (TrialRecorder) before hooks.on_log sees each
+    log, and the final weights (every train.keep_checkpoints-th checkpoint's too) are stored (study.trial.weights).
+    readings: other evaluations of the same weights (configs differing in eval.* keys only), each stored as its own
+    trial.
     """
-    preflight_trial(cfg, store)
+    preflight_trial(cfg, context.store)
     seed_everything(cfg.seed)
     task = load_task(cfg.task)
-    spec = task.spec
-    model = build_reasoner(cfg.model, spec)
+    model = build_reasoner(cfg.model, task.spec)
     trainer = Trainer(model, task, cfg.train, cfg.seed)
-    recorder = TrialRecorder(store, study_name, cfg, model, node=node, spec_hash=spec_hash)
-    say = on_phase or (lambda _: None)
-    if resume is not None:
-        resume(trainer)
+    recorder = TrialRecorder(context, cfg, model)
+    if hooks.resume is not None:
+        hooks.resume(trainer)
         recorder.resumed(trainer.step)
-    say(f"data: {task.source}")
-    say(f"training {recorder.tid}: {recorder.fixed['params']:,} parameters, {cfg.train.steps} steps")
+    hooks.say(f"data: {task.source}")
+    hooks.say(f"training {recorder.tid}: {recorder.fixed['params']:,} parameters, {cfg.train.steps} steps")
 
     def logged(log: TrainLog) -> None:
         recorder.progress(trainer.history)
-        if on_log is not None:
-            on_log(log)
+        if hooks.on_log is not None:
+            hooks.on_log(log)
 
-    history = trainer.fit(on_log=logged, checkpoint=keeping(recorder, checkpoint))
+    history = trainer.fit(on_log=logged, checkpoint=keeping(recorder, hooks.checkpoint))
     evaluated = trainer.eval_model()
     recorder.store_weights(evaluated, trainer.step)
-    say("evaluating")
+    hooks.say("evaluating")
     seed_everything(cfg.seed)
-    result = evaluate(evaluated, task, cfg.eval, cfg.train.device, on_progress=on_eval_progress,
+    result = evaluate(evaluated, task, cfg.eval, cfg.train.device, on_progress=hooks.on_eval_progress,
                       dtype=cfg.train.dtype)
     final_loss = history[-1].loss if history else None
     metrics = summary_metrics(result.depth, final_loss)
-    recorder.complete(history, result, metrics, metric, trainer.step)
+    recorder.complete(history, result, metrics, context.metric, trainer.step)
     for i, reading in enumerate(readings):
-        say(f"evaluating the same weights another way ({i + 1}/{len(readings)}): trial {reading.tid}")
-        record_reading(reading, evaluated, task, store=store, study_name=study_name, weights_of=recorder.tid,
-                       weights_step=trainer.step, final_loss=final_loss, node=node, spec_hash=spec_hash,
-                       metric=metric, on_eval_progress=on_eval_progress)
+        hooks.say(f"evaluating the same weights another way ({i + 1}/{len(readings)}): trial {reading.tid}")
+        record_reading(reading, evaluated, task, context, weights_of=recorder.tid, weights_step=trainer.step,
+                       final_loss=final_loss, on_eval_progress=hooks.on_eval_progress)
     return metrics, result
 
 
@@ -183,27 +197,25 @@ def keeping(recorder: TrialRecorder, checkpoint: Callable[[Trainer], None] | Non
     return checkpointed
 
 
-def record_reading(reading: Reading, model, task, *, store: Store | None, study_name: str, weights_of: str,
-                   weights_step: int, final_loss: float | None, node: str | None, spec_hash: str | None,
-                   metric: str, on_eval_progress: Callable[[int, int], None] | None = None) -> dict[str, float]:
+def record_reading(reading: Reading, model, task, context: TrialContext, *, weights_of: str, weights_step: int,
+                   final_loss: float | None, on_eval_progress: Callable[[int, int], None] | None = None
+                   ) -> dict[str, float]:
     """Evaluate `model` (the weights of trial `weights_of` at training step `weights_step`) under the reading's
     config and store the rows as the reading's own trial; returns its summary metrics."""
     cfg = reading.cfg
-    recorder = TrialRecorder(store, study_name, cfg, model, node=node, spec_hash=spec_hash, tid=reading.tid,
-                             weights_of=weights_of)
+    recorder = TrialRecorder(context, cfg, model, tid=reading.tid, weights_of=weights_of)
     seed_everything(cfg.seed)
     result = evaluate(model, task, cfg.eval, cfg.train.device, on_progress=on_eval_progress, dtype=cfg.train.dtype)
     metrics = summary_metrics(result.depth, final_loss)
-    recorder.complete([], result, metrics, metric, weights_step)
+    recorder.complete([], result, metrics, context.metric, weights_step)
     return metrics
 
 
-def evaluate_stored(weights_of: str, readings: Sequence[Reading], *, store: Store, study_name: str,
-                    node: str | None = None, spec_hash: str | None = None, metric: str = DEFAULT_METRIC,
-                    on_phase: Callable[[str], None] | None = None,
-                    on_eval_progress: Callable[[int, int], None] | None = None) -> list[dict[str, float]]:
+def evaluate_stored(weights_of: str, readings: Sequence[Reading], *, context: TrialContext,
+                    hooks: TrialHooks = TrialHooks()) -> list[dict[str, float]]:
     """Read trial `weights_of`'s stored weights (final, or kept at a reading's step) under each reading's config,
     each stored as its own trial; readings already complete in the store are skipped. Returns their metrics."""
+    store, study_name = context.store, context.study_name
     row = store.trial_row(study_name, weights_of)
     if row is None or row.get("status") != "complete":
         raise StoreError(f"trial {weights_of} of study {study_name} is not complete in {store.uri}: there are no "
@@ -217,25 +229,22 @@ def evaluate_stored(weights_of: str, readings: Sequence[Reading], *, store: Stor
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     task = load_task(cfg.task)
-    spec = task.spec
     kept = kept_steps(row)
-    out, models = [], {}
+    out, loaded_step, model = [], object(), None  # one set of weights in memory at a time (readings come by step)
     for i, reading in enumerate(todo):
         step = reading.step
-        if step not in models:
+        if step != loaded_step:
             sha = row.get("weights_sha256") if step is None else kept.get(step)
             if sha is None:
                 raise StoreError(no_weights(weights_of, step, kept))
-            model = build_reasoner(cfg.model, spec)
+            model = build_reasoner(cfg.model, task.spec)
             model.load_state_dict(load_weights(store, study_name, weights_of, sha, step))
-            models = {step: model.eval()}  # one set of weights in memory at a time (readings come by step)
-        if on_phase:
-            on_phase(f"evaluating trial {weights_of}'s weights{'' if step is None else f' at step {step}'} "
-                     f"({i + 1}/{len(todo)}): trial {reading.tid}")
-        out.append(record_reading(reading, models[step], task, store=store, study_name=study_name,
-                                  weights_of=weights_of, weights_step=row["step"] if step is None else step,
-                                  final_loss=row.get("final_train_loss"), node=node, spec_hash=spec_hash,
-                                  metric=metric, on_eval_progress=on_eval_progress))
+            model, loaded_step = model.eval(), step
+        hooks.say(f"evaluating trial {weights_of}'s weights{'' if step is None else f' at step {step}'} "
+                  f"({i + 1}/{len(todo)}): trial {reading.tid}")
+        out.append(record_reading(reading, model, task, context, weights_of=weights_of,
+                                  weights_step=row["step"] if step is None else step,
+                                  final_loss=row.get("final_train_loss"), on_eval_progress=hooks.on_eval_progress))
     return out
 
 
