@@ -10,8 +10,12 @@ from study.run.optuna_storage import OptunaStudy, open_storage
 
 
 class StoppedIsPruned(OptunaSearch):
-    def __init__(self, *, storage, study_name: str, seed: int):
-        super().__init__(seed=seed, storage=storage, study_name=study_name)
+    def __init__(self, *args, storage=None, study_name: str = "optuna", **kwargs):
+        import optuna
+
+        # our own handle on the storage (an in-memory one when none is given), to read trials back publicly
+        storage = storage or optuna.storages.InMemoryStorage()
+        super().__init__(*args, storage=storage, study_name=study_name, **kwargs)
         self.optuna_storage, self.optuna_study_name = storage, study_name
 
     def _finished(self, trial_id: str) -> bool:

@@ -86,7 +86,8 @@ def _short(v: Any) -> str:
 
 
 class TensorBoard(TBXLoggerCallback):
-    """Tune's TensorBoard logger at the training step, with the flat config as hparams and the depth curve."""
+    """Tune's TensorBoard logger at the training step, with the flat config as hparams and the depth curve. Uses
+    ray 2.60's per-trial writers and hparams hook (private; Ray is pinned in pyproject.toml)."""
 
     def __init__(self, params: TrialParams):
         super().__init__()
@@ -103,8 +104,7 @@ class TensorBoard(TBXLoggerCallback):
                 writer.add_scalar("depth_curve/exact_acc", acc, global_step=layers)
         super().log_trial_end(trial, failed)
 
-    # overrides a private method of ray 2.60's TBXLoggerCallback (pinned in pyproject.toml): Tune's own hparams are
-    # its config, here JSON text; this logs the flat config instead
+    # Tune's own hparams are its config, here JSON text: the flat config instead
     def _try_log_hparams(self, trial, result: dict) -> None:
         from tensorboardX.summary import hparams
 
@@ -114,7 +114,8 @@ class TensorBoard(TBXLoggerCallback):
 
 
 class MLflow(MLflowLoggerCallback):
-    """Tune's MLflow logger at the training step, with the flat config as params and the depth curve."""
+    """Tune's MLflow logger at the training step, with the flat config as params and the depth curve. Uses ray
+    2.60's map of trials to MLflow runs (private; Ray is pinned in pyproject.toml)."""
 
     def __init__(self, params: TrialParams, **kwargs):
         super().__init__(**kwargs)
