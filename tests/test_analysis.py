@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from study.analysis import figures, formatting, published, tables
+from study.analysis import figures, formatting, published, query, tables
 from study.config import TrialConfig, to_dict
 from study.store import Store, config_row
 
@@ -129,7 +129,7 @@ def test_pdf_output_is_deterministic(store, tmp_path):
 
 
 def test_query_answers_sql_over_the_tables(store):
-    df = tables.sql(store, 'SELECT t."model.carry.rule" AS rule, avg(d.exact_acc) AS acc FROM depth_eval d '
+    df = query.sql(store, 'SELECT t."model.carry.rule" AS rule, avg(d.exact_acc) AS acc FROM depth_eval d '
                            'JOIN trials t ON d.trial_id = t.trial_id WHERE d.difficulty IS NULL AND '
                            'd.depth_layers = 48 GROUP BY rule ORDER BY rule')
     assert df["rule"].to_list() == ["carry_last", "infiloop"]

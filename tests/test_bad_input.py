@@ -15,8 +15,9 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from study.analysis import query
 from study.config import MAX_DEPTH_LAYERS, load_trial, trial_id
-from study.errors import ConfigError, DataError, StoreError
+from study.errors import AnalysisError, ConfigError, DataError, StoreError
 from study.spec import load_study
 from study.store import SCHEMAS, Store
 from study.tasks import sudoku
@@ -401,6 +402,54 @@ def test_query_sees_the_store_tables_and_no_other_file(tmp_path):
     for q in ("SELECT * FROM read_csv('/etc/passwd')", "select * from READ_PARQUET('/tmp/x.parquet')"):
         assert_refused(loopstudy("query", q, "--store", str(tmp_path)), "reads files", "store's tables only")
     assert loopstudy("query", "SELECT count(*) AS n FROM trials", "--store", str(tmp_path)).returncode == 0
+
+
+@pytest.mark.parametrize("q", [
+    "SELECT * FROM read_text('/etc/hostname')", "SELECT * FROM Read_Json_Auto('/etc/hostname')",
+    "SELECT * FROM glob('/etc/*')", "SELECT * FROM read_parquet(['/tmp/a.parquet'])", "FROM read_csv('/etc/passwd')",
+    "SELECT * FROM parquet_scan('/tmp/a.parquet')", "COPY trials TO '/tmp/loopstudy-leak.csv'",
+    "ATTACH '/tmp/loopstudy-leak.db' AS x", "INSTALL httpfs", "LOAD httpfs",
+    "SELECT * FROM read_csv('http://127.0.0.1:9/x.csv')",
+])
+def test_query_cannot_reach_a_file_an_extension_or_the_network_however_it_is_spelled(store_with_a_trial, q):
+    with pytest.raises(AnalysisError, match="query refused: .*store's tables only") as e:
+        query.sql(store_with_a_trial, q)
+    assert len(str(e.value)) <= 300
+    assert not Path("/tmp/loopstudy-leak.csv").exists() and not Path("/tmp/loopstudy-leak.db").exists()
+
+
+@pytest.mark.parametrize("q", ["SELECT * FROM '/etc/passwd'", "SET enable_external_access = true",
+                               "SET lock_configuration = false", "SET memory_limit = '100GB'"])
+def test_query_cannot_name_a_path_as_a_table_or_unlock_the_sandbox(store_with_a_trial, q):
+    with pytest.raises(AnalysisError, match="query failed: ") as e:
+        query.sql(store_with_a_trial, q)
+    assert len(str(e.value)) <= 300 and "root:" not in str(e.value)
+
+
+def test_a_query_that_builds_billions_of_rows_stops_at_the_time_and_memory_limits(store_with_a_trial):
+    limits = query.QueryLimits(seconds=2, memory="256MB")
+    with pytest.raises(AnalysisError, match="stopped after 2s .*time limit"):
+        query.sql(store_with_a_trial, "SELECT count(*) FROM range(100000000) a, range(100000000) b", limits=limits)
+    with pytest.raises(AnalysisError, match="more than 256MB of memory"):
+        query.sql(store_with_a_trial, "SELECT list(range) FROM range(300000000)", limits=limits)
+
+
+def test_a_query_returns_at_most_its_row_limit_and_says_so(store_with_a_trial, capsys):
+    out = query.sql(store_with_a_trial, "SELECT * FROM range(25)", limits=query.QueryLimits(rows=10))
+    assert out.height == 10 and "the first 10 rows; the query returns more" in capsys.readouterr().err
+
+
+def test_a_refused_query_prints_one_short_line_from_the_cli(tmp_path):
+    write_trial(Store(tmp_path), "s", "t1")
+    proc = loopstudy("query", "SELEC garbage FROM (((", "--store", str(tmp_path))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and len(proc.stderr) <= 320, proc.stderr
+
+
+@pytest.fixture
+def store_with_a_trial(tmp_path):
+    store = Store(tmp_path)
+    write_trial(store, "s", "t1")
+    return store
 
 
 def test_a_trial_whose_loss_becomes_nan_fails_with_the_reason_and_stores_nothing(tmp_path):

@@ -22,8 +22,9 @@ import polars as pl
 from study.analysis.figures import plot
 from study.analysis.formatting import widen
 from study.analysis.importance import importance
+from study.analysis.query import sql
 from study.analysis.report import report
-from study.analysis.tables import build_table, config_columns, list_studies, load_context, sql
+from study.analysis.tables import build_table, config_columns, list_studies, load_context
 from study.metrics import DEFAULT_METRIC, METRICS
 from study.store import TABLES, Store
 

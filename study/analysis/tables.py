@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -18,10 +17,9 @@ import polars as pl
 from study.analysis.published import paper_rows, study_task
 from study.config import NON_IDENTITY, layers_per_step
 from study.console import eprint
-from study.errors import AnalysisError, StoreError
+from study.errors import AnalysisError
 from study.metrics import METRICS
 from study.spec.membership import KINDS, Membership, membership
-from study.store import TABLES as STORE_TABLES
 from study.store import Store
 
 # Config columns that never define a group: the seed, and the fields that cannot change a trial's results.
@@ -367,20 +365,3 @@ def list_studies(store: Store) -> pl.DataFrame:
         counts = membership(store, s).counts()
         rows.append({"study": s, **{k: counts[k] for k in KINDS}, "compacted": store.is_compacted(s)})
     return pl.DataFrame(rows) if rows else pl.DataFrame({"study": []})
-
-
-# Polars SQL's table functions (read_csv('/etc/...'), read_parquet(...)) reach any file on the machine.
-FILE_FUNCTIONS = re.compile(r"\b(read|scan)_[a-z_]+\s*\(", re.IGNORECASE)
-
-
-def sql(store: Store, query: str, study: str | None = None, skip_bad: bool = False) -> pl.DataFrame:
-    """Polars SQL over every table (trials, train_curve, depth_eval, dynamics, perturbation), and nothing else:
-    a query that calls a file-reading function is refused."""
-    if FILE_FUNCTIONS.search(query):
-        raise AnalysisError(f"query refused: {FILE_FUNCTIONS.search(query).group(0)}...) reads files; SQL here sees "
-                            f"the store's tables only ({', '.join(STORE_TABLES)})")
-    frames = {t: store.scan(t, study, skip_bad) for t in STORE_TABLES}
-    try:
-        return pl.SQLContext(frames).execute(query, eager=True)
-    except (pl.exceptions.PolarsError, StoreError) as e:
-        raise AnalysisError(f"query failed: {e}") from None

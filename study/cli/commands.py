@@ -222,7 +222,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 def cmd_query(args: argparse.Namespace) -> int:
     from study.analysis.formatting import format_table
-    from study.analysis.tables import sql
+    from study.analysis.query import sql
 
     print(format_table(sql(_store(args.store), args.sql, args.study, args.skip_bad), args.format))
     return 0

@@ -225,9 +225,11 @@ def add_tables(sub, parent: argparse.ArgumentParser) -> None:
                      "range (default: only inside it)")
     pl_.set_defaults(func=cmd.cmd_plot)
 
-    q = sub.add_parser("query", parents=[parent], help="Polars SQL over all tables",
-                       description='SQL over the tables trials, train_curve, depth_eval, dynamics, perturbation. '
-                                   'Config columns have dotted names: quote them, e.g. "model.carry.rule".')
+    q = sub.add_parser("query", parents=[parent], help="SQL (DuckDB) over all tables, sandboxed",
+                       description='SQL (DuckDB\'s dialect) over the tables trials, train_curve, depth_eval, dynamics, '
+                                   'perturbation, and nothing else: no file, extension or network is reachable. '
+                                   'At most 100,000 rows, 2 GB of memory and 120 s. Config columns have dotted '
+                                   'names: quote them, e.g. "model.carry.rule".')
     q.add_argument("sql", help="one SELECT statement")
     add_study(q, default=None, help="restrict every table to one study")
     add_format(q)
