@@ -12,16 +12,61 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+import urllib.parse
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow.fs as pafs
 
+from study.errors import StoreError
+
 
 def is_uri(location: str) -> bool:
     """Whether `location` names an object store (scheme://...) rather than a local or NFS path."""
     return "://" in location
+
+
+SERVED_SCHEMES = ("s3", "file")  # besides local and NFS paths: S3 (AWS or any S3-compatible server) and file://
+SECRET_PARAMS = ("access_key", "secret_key", "session_token")  # pyarrow's URI spellings of credentials
+
+
+def redacted(uri: str) -> str:
+    """A URI as it may be printed: a password in its user part and credential query parameters as ***."""
+    parts = urllib.parse.urlsplit(uri)
+    pairs = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+    if parts.password is None and not any(k in SECRET_PARAMS for k, _ in pairs):
+        return uri
+    netloc = parts.netloc
+    if parts.password is not None:
+        netloc = netloc.replace(f":{parts.password}@", ":***@", 1)
+    query = "&".join(f"{k}=***" if k in SECRET_PARAMS else f"{k}={v}" for k, v in pairs)
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def normalized_uri(uri: str) -> str:
+    """An object-store URI as pyarrow, Polars and Tune read it: an endpoint written with its scheme, as
+    AWS_ENDPOINT_URL users write it (`?endpoint_override=http://HOST:PORT`), becomes `endpoint_override=HOST:PORT
+    &scheme=http`. Raises ValueError for a URI loopstudy cannot serve (another scheme, an S3 URI without a bucket),
+    at once rather than after a client has waited for credentials that are not there."""
+    scheme = uri.split("://", 1)[0].lower()
+    if scheme not in SERVED_SCHEMES:
+        raise ValueError(f"{redacted(uri)}: {scheme}:// is not served; use a local or NFS path, or s3://BUCKET/PREFIX "
+                         "(AWS, or any S3-compatible server such as MinIO, SeaweedFS or GCS's S3 endpoint, named "
+                         "with ?endpoint_override=HOST:PORT or AWS_ENDPOINT_URL)")
+    base, _, query = uri.partition("?")
+    if scheme == "s3" and not urllib.parse.urlsplit(base).hostname:
+        raise ValueError(f"{redacted(uri)}: no bucket; give s3://BUCKET or s3://BUCKET/PREFIX")
+    params = dict(urllib.parse.parse_qsl(query, keep_blank_values=True))
+    endpoint = params.get("endpoint_override", "")
+    if "://" not in endpoint:
+        return uri
+    given, _, host = endpoint.partition("://")
+    if params.get("scheme", given) != given:
+        raise ValueError(f"{redacted(uri)}: endpoint_override says {given}:// and scheme says {params['scheme']}; "
+                         "give one")
+    params.update(endpoint_override=host.rstrip("/"), scheme=given)
+    return f"{base}?{urllib.parse.urlencode(params, safe=':/')}"
 
 
 def join(location: str, *parts: str) -> str:
@@ -46,10 +91,15 @@ def machine_cache() -> Path:
 
 
 def resolve_root(root: str | os.PathLike) -> str:
-    """A results root as every command and trial sees it: an object-store URI as given, a path made absolute
-    (trials run in other working folders)."""
+    """A results root as every command and trial sees it: an object-store URI normalized (normalized_uri), a path
+    made absolute (trials run in other working folders)."""
     root = str(root)
-    return root if is_uri(root) else os.path.abspath(root)
+    if not is_uri(root):
+        return os.path.abspath(root)
+    try:
+        return normalized_uri(root)
+    except ValueError as e:
+        raise StoreError(f"results store {e}") from None
 
 
 

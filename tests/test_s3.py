@@ -101,3 +101,34 @@ def test_a_store_error_names_the_endpoint_it_used(s3_env, monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
     with pytest.raises(StoreError, match=r"endpoint http://127\.0\.0\.1:\d+\) refused the credentials"):
         Store(s3_env["uri"].format(prefix="x"))
+
+
+def test_an_endpoint_written_with_its_scheme_reaches_the_same_server(s3_env, request):
+    """`endpoint_override=http://HOST:PORT`, as AWS_ENDPOINT_URL users write it, is the server, not http://http://."""
+    prefix = request.node.name
+    write_trial(Store(s3_env["uri"].format(prefix=prefix)), "s", "t1")
+    with_scheme = f"s3://loopstudy/{prefix}?endpoint_override={s3_env['endpoint']}"
+    assert s3_env["endpoint"].startswith("http://")
+    assert Store(with_scheme).completed_trials("s") == {"t1"}
+    assert pl.from_arrow(Store(with_scheme).read("trials", "s"))["trial_id"].to_list() == ["t1"]
+    proc = loopstudy("query", "SELECT count(*) AS n FROM trials", "--store", with_scheme, "--format", "csv",
+                     env=s3_env["env"], timeout=120)
+    assert proc.returncode == 0 and proc.stdout.split() == ["n", "1"], proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("uri,says", [
+    ("s3://", "no bucket"), ("s3:///prefix", "no bucket"), ("gs://bucket/prefix", "gs:// is not served"),
+    ("hdfs://namenode/x", "hdfs:// is not served"),
+    ("s3://b/p?endpoint_override=http://127.0.0.1:9&scheme=https", "give one"),
+])
+def test_a_store_uri_loopstudy_cannot_serve_is_one_line_within_seconds(uri, says):
+    proc = loopstudy("ls", "--store", uri, env={}, timeout=30)
+    assert proc.returncode == 2 and says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    with pytest.raises(StoreError, match=says):
+        Store(uri)
+
+
+def test_credentials_in_a_store_uri_are_never_printed():
+    proc = loopstudy("ls", "--store", "gs://user:hunter2@b/p?secret_key=hunter3", env={}, timeout=30)
+    assert proc.returncode == 2 and "hunter" not in proc.stderr and "***" in proc.stderr, proc.stderr

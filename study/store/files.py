@@ -13,7 +13,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from study.errors import StoreError
-from study.paths import atomic_target, is_uri, write_bytes
+from study.paths import atomic_target, is_uri, normalized_uri, redacted, write_bytes
 
 # What names an object store's endpoint, credentials and region in the environment (pyarrow, Polars and the AWS SDK
 # read them): `loopstudy submit` carries those that are set to the job, whose driver and trials then reach the same
@@ -94,9 +94,13 @@ class Root:
                              "give a path or URI in UTF-8") from None
         if is_uri(uri):
             try:
+                uri = normalized_uri(uri)
+            except ValueError as e:
+                raise StoreError(f"results store {e}") from None
+            try:
                 fs, path = pafs.FileSystem.from_uri(uri)
             except (pa.ArrowException, ValueError) as e:
-                raise StoreError(f"results store {uri}: {e}") from None
+                raise StoreError(f"results store {redacted(uri)}: {e}") from None
             local = isinstance(fs, pafs.LocalFileSystem)
         else:
             fs, path, local = pafs.LocalFileSystem(), os.path.abspath(uri), True
