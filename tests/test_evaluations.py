@@ -110,6 +110,26 @@ def test_a_weights_file_changed_after_it_was_stored_is_refused(trained, tmp_path
         path.write_bytes(original)
 
 
+def test_a_missing_checkpoint_file_costs_its_own_reading_only(trained):
+    tmp, store, _, cfg = trained
+    tid = trial_id(cfg)
+    data = to_dict(cfg)
+    data["eval"]["depths"] = [12]
+    other = build_trial(data, "test")
+    path = tmp / "r" / weights_file("reads", tid, 16)
+    original = path.read_bytes()
+    path.unlink()
+    try:
+        readings = [Reading(other, 16), Reading(other, 32), Reading(other)]
+        with pytest.raises(StoreError, match=r"1 reading\(s\) not taken.*the other 2 stored.*step-0*16.safetensors is missing"):
+            evaluate_stored(tid, readings, context=TrialContext(store, "reads"))
+        assert [store.is_complete("reads", r.tid) for r in readings] == [False, True, True]
+    finally:
+        path.write_bytes(original)
+    evaluate_stored(tid, readings, context=TrialContext(store, "reads"))  # restored: the missing one only is read
+    assert store.is_complete("reads", readings[0].tid)
+
+
 def test_configs_that_differ_in_eval_keys_only_train_once():
     base = {"task": {"name": "sudoku", "size": 4}, "model": {"hidden": 16, "heads": 2}, "seed": 0}
     a = build_trial(base, "t")

@@ -230,21 +230,32 @@ def evaluate_stored(weights_of: str, readings: Sequence[Reading], *, context: Tr
         torch.set_num_threads(cfg.train.threads)
     task = load_task(cfg.task)
     kept = kept_steps(row)
-    out, loaded_step, model = [], object(), None  # one set of weights in memory at a time (readings come by step)
+    out, bad, loaded_step, model = [], {}, object(), None  # one set of weights in memory at a time (by step)
     for i, reading in enumerate(todo):
         step = reading.step
+        if step in bad:
+            continue
         if step != loaded_step:
-            sha = row.get("weights_sha256") if step is None else kept.get(step)
-            if sha is None:
-                raise StoreError(no_weights(weights_of, step, kept))
-            model = build_reasoner(cfg.model, task.spec)
-            model.load_state_dict(load_weights(store, study_name, weights_of, sha, step))
-            model, loaded_step = model.eval(), step
+            try:
+                sha = row.get("weights_sha256") if step is None else kept.get(step)
+                if sha is None:
+                    raise StoreError(no_weights(weights_of, step, kept))
+                weights = load_weights(store, study_name, weights_of, sha, step)
+                model, loaded_step = build_reasoner(cfg.model, task.spec), step
+                model.load_state_dict(weights)
+                model.eval()
+            except StoreError as e:  # one bad file costs the readings of those weights, not the others
+                bad[step] = str(e)
+                continue
         hooks.say(f"evaluating trial {weights_of}'s weights{'' if step is None else f' at step {step}'} "
                   f"({i + 1}/{len(todo)}): trial {reading.tid}")
         out.append(record_reading(reading, model, task, context, weights_of=weights_of,
                                   weights_step=row["step"] if step is None else step,
                                   final_loss=row.get("final_train_loss"), on_eval_progress=hooks.on_eval_progress))
+    if bad:
+        missed = sum(r.step in bad for r in todo)
+        raise StoreError(f"{missed} reading(s) not taken, their weights could not be read; the other {len(out)} "
+                         f"stored. {'; '.join(bad.values())}")
     return out
 
 
