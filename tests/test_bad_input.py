@@ -397,6 +397,37 @@ def test_a_symlinked_or_fifo_trial_file_is_neither_complete_nor_read_and_never_h
     assert proc.returncode == 0, proc.stderr
 
 
+def test_a_study_folder_that_is_a_symlink_is_left_out_by_every_reader_and_counter(tmp_path, capsys):
+    """One file rule: ls, status, tables, queries, completeness and DuckDB all leave a linked study folder out."""
+    import duckdb
+
+    real, root = tmp_path / "real", tmp_path / "root"
+    write_trial(Store(real), "s", "t1")
+    write_trial(Store(real), "s", "t2")
+    for table in [*SCHEMAS, "trials"]:
+        (root / table).mkdir(parents=True)
+        os.symlink(real / table / "study=s", root / table / "study=s")
+    store = Store(root)
+    assert store.studies() == [] and "study=s: a symbolic link: not followed" in capsys.readouterr().err
+    for call in (lambda: store.completed_trials("s"), lambda: store.read("trials", "s"),
+                 lambda: store.is_complete("s", "t1"), lambda: store.trial_row("s", "t1"),
+                 lambda: store.write("trials", "s", "t3", [])):
+        with pytest.raises(StoreError, match="study=s is a symbolic link: not followed"):
+            call()
+    assert store.read("trials").num_rows == 0
+    try:  # DuckDB, an outside reader, does not follow the link either: it finds no file
+        outside = duckdb.sql(f"SELECT count(*) FROM read_parquet('{root}/trials/**/*.parquet')").fetchall()[0][0]
+    except duckdb.IOException:
+        outside = 0
+    assert outside == 0
+    ls = loopstudy("ls", "--store", str(root))
+    assert ls.returncode == 0 and "study=s: a symbolic link: not followed" in ls.stderr and "\ns " not in ls.stdout
+    q = loopstudy("query", "SELECT count(*) AS n FROM trials", "--store", str(root), "--format", "csv")
+    assert q.returncode == 0 and q.stdout.split() == ["n", "0"], q.stdout + q.stderr
+    status = loopstudy("status", "s", "--store", str(root))
+    assert status.returncode == 2 and "symbolic link" in status.stderr + status.stdout, status.stderr
+
+
 def test_query_sees_the_store_tables_and_no_other_file(tmp_path):
     write_trial(Store(tmp_path), "s", "t1")
     for q in ("SELECT * FROM read_csv('/etc/passwd')", "select * from READ_PARQUET('/tmp/x.parquet')"):

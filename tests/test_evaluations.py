@@ -121,7 +121,8 @@ def test_a_missing_checkpoint_file_costs_its_own_reading_only(trained):
     path.unlink()
     try:
         readings = [Reading(other, 16), Reading(other, 32), Reading(other)]
-        with pytest.raises(StoreError, match=r"1 reading\(s\) not taken.*the other 2 stored.*step-0*16.safetensors is missing"):
+        missing = r"1 reading\(s\) not taken.*the other 2 stored.*step-0*16.safetensors is missing"
+        with pytest.raises(StoreError, match=missing):
             evaluate_stored(tid, readings, context=TrialContext(store, "reads"))
         assert [store.is_complete("reads", r.tid) for r in readings] == [False, True, True]
     finally:

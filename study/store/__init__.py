@@ -44,7 +44,6 @@ from study.store.files import Root
 from study.store.integrity import has_parquet_tail
 from study.store.layout import COMPACTED, TRIAL_FILE, file_trial_id, trial_file
 from study.store.lease import StudyLease
-from study.store.names import check_study_name
 from study.store.schema import (
     SCHEMA_VERSION,
     SCHEMAS,
@@ -61,11 +60,15 @@ __all__ = ["COMPACTED", "SCHEMAS", "SCHEMA_VERSION", "TABLES", "Store", "config_
 
 class Store:
     """Results under a root: a local/NFS path or an object-store URI (s3://bucket/prefix?endpoint_override=...).
-    Study names are checked (study.config.check_study_name) by every method that takes one."""
+    Every method that takes a study checks it (listing.check_study: the name rule, no linked folder)."""
 
     def __init__(self, root: str | os.PathLike):
         self._root = Root.open(str(root))
         self._writing: set[tuple[str, str]] = set()  # (study, trial) this Store has written: evicted already
+
+    def _study(self, study: str | None) -> str | None:
+        """A study a method was given, checked (listing.check_study); None (every study) as it is."""
+        return study if study is None else listing.check_study(self._root, study)
 
     @property
     def uri(self) -> str:
@@ -95,7 +98,7 @@ class Store:
             raise StoreError(f"trial id {trial_id!r} is not allowed: letters, digits, '_' and '-', starting with a "
                              "letter or digit")
         data = table_rows(table, trial_id, rows)
-        final = trial_file(self._root.root, table, check_study_name(study), trial_id)
+        final = trial_file(self._root.root, table, self._study(study), trial_id)
         if (study, trial_id) not in self._writing:  # its first write here: a compacted trial runs again
             compaction.evict(self._root, study, trial_id)
             self._writing.add((study, trial_id))
@@ -137,34 +140,34 @@ class Store:
 
     def scan(self, table: str, study: str | None = None, skip_bad: bool = False):
         """The table as a Polars LazyFrame with a `study` column; per-trial and compacted rows, each trial once."""
-        return scan.scan(self._root, table, study if study is None else check_study_name(study), skip_bad)
+        return scan.scan(self._root, table, self._study(study), skip_bad)
 
     def read(self, table: str, study: str | None = None, skip_bad: bool = False) -> pa.Table:
         """All rows of `table` (one study or all), with a `study` column, under the table's current schema."""
-        return scan.read(self._root, table, study if study is None else check_study_name(study), skip_bad)
+        return scan.read(self._root, table, self._study(study), skip_bad)
 
     # -- completeness ----------------------------------------------------------------------------------------------
     def completed_trials(self, study: str) -> set[str]:
         """Trial ids whose results are complete (see the contract above), from listings alone."""
-        return completeness.completed_trials(self._root, check_study_name(study))
+        return completeness.completed_trials(self._root, self._study(study))
 
     def is_complete(self, study: str, trial_id: str) -> bool:
         """Whether one trial's results are complete, at a cost that does not grow with the study."""
-        return completeness.is_complete(self._root, check_study_name(study), trial_id)
+        return completeness.is_complete(self._root, self._study(study), trial_id)
 
     def trial_row(self, study: str, trial_id: str) -> dict[str, Any] | None:
         """One trial's row of the trials table; None when it has none."""
-        return completeness.trial_row(self._root, check_study_name(study), trial_id)
+        return completeness.trial_row(self._root, self._study(study), trial_id)
 
     def lease(self, study: str) -> StudyLease:
         """`with store.lease(name):` one driver per study at a time (see lease.py)."""
-        return StudyLease(self._root, check_study_name(study))
+        return StudyLease(self._root, self._study(study))
 
     # -- compaction ------------------------------------------------------------------------------------------------
     def compact(self, study: str, on_table: Callable[[str, int, int], None] | None = None,
                 grace_s: float = 5.0) -> dict[str, int]:
         """Merge the study's complete trials into one `study.compacted.parquet` per table (see compaction.py)."""
-        return compaction.compact(self._root, check_study_name(study), on_table, grace_s)
+        return compaction.compact(self._root, self._study(study), on_table, grace_s)
 
 
 def now_utc() -> datetime:

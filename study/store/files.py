@@ -62,6 +62,11 @@ def object_store_error(uri: str, e: OSError) -> str:
     return f"{where}: {said}. If the endpoint is wrong, {how_endpoint}"
 
 
+# Why a linked folder under a table is left out (listing.check_study refuses a command that names its study)
+LINKED = ("a symbolic link: not followed (outside readers do not follow it either); move the folder into place, or "
+          "link the whole results root instead")
+
+
 @dataclass(frozen=True, slots=True)
 class Entry:
     """A listed file or folder (the fields of pyarrow's FileInfo that the store uses)."""
@@ -155,6 +160,8 @@ class Root:
                     out.append(Entry(e.path, e.name, None, None, False))
                     if recursive and e.is_dir(follow_symlinks=False):
                         out += self._local_entries(e.path, True)
+                    elif recursive and e.is_symlink() and e.is_dir():
+                        self.warn(e.path, LINKED)
         return out
 
     def write_table(self, data: pa.Table, final: str) -> None:

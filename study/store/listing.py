@@ -5,7 +5,9 @@ Only regular files (not links, folders or FIFOs) named `<table>/study=<name>/<tr
 file is beside it: then it is a compaction's leftover, about to go). Anything else (a stray copy such as
 `<id> (1).parquet`, a `backup/` folder, a symlink or a folder named like a trial file, a folder whose name breaks
 the study-name rule) would count a trial twice or not at all: it is named on stderr and left out, by reads and
-completeness alike. Dot-files (writes in flight) are passed over.
+completeness alike. Dot-files (writes in flight) are passed over. A study folder that is a symbolic link is not
+followed, as DuckDB's and pyarrow's readers do not follow it: such a study is left out of every listing, and a
+command that names it is refused (check_study), for reads, counts and writes alike.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import os
 
 import pyarrow.fs as pafs
 
-from study.store.files import Entry, Root
+from study.errors import StoreError
+from study.store.files import LINKED, Entry, Root
 from study.store.integrity import has_parquet_tail, sound
 from study.store.layout import (
     COMPACTED,
@@ -30,21 +33,40 @@ from study.store.names import check_study_name, is_study_name
 from study.store.schema import TABLES, schema
 
 
+def linked_folders(root: Root, study: str) -> list[str]:
+    """The study's table folders that are symbolic links (a local root's; an object store has none)."""
+    if not root.local:
+        return []
+    return [d for t in TABLES if os.path.islink(d := table_dir(root.root, t, study))]
+
+
+def check_study(root: Root, study: str) -> str:
+    """`study`, or StoreError when its name breaks the rule or a folder of it is a symbolic link."""
+    check_study_name(study)
+    if linked := linked_folders(root, study):
+        raise StoreError(f"study {study}: {linked[0]} is {LINKED}")
+    return study
+
+
 def studies(root: Root) -> list[str]:
-    """Studies with at least one file in any table (folders whose name breaks the study-name rule are not)."""
+    """Studies with at least one file in any table (folders whose name breaks the study-name rule are not, nor
+    studies with a folder that is a symbolic link: named on stderr)."""
     found: set[str] = set()
     for table in TABLES:
         for info in root.fs.get_file_info(pafs.FileSelector(f"{root.root}/{table}", allow_not_found=True)):
             name = study_of_dir(info.base_name)
             if info.type == pafs.FileType.Directory and name is not None and is_study_name(name):
                 found.add(name)
-    return sorted(found)
+    for name in sorted(found):
+        for path in linked_folders(root, name):
+            root.warn(path, LINKED)
+    return sorted(s for s in found if not linked_folders(root, s))
 
 
 def list_table(root: Root, table: str, study: str | None) -> tuple[list[Entry], list[Entry]]:
     """(trial files, compacted files) of the table, one study or all, with size and mtime, sorted by path."""
     schema(table)  # validates the table name
-    base = table_dir(root.root, table, check_study_name(study)) if study is not None else f"{root.root}/{table}"
+    base = table_dir(root.root, table, check_study(root, study)) if study is not None else f"{root.root}/{table}"
     trial, compacted = [], []
     for entry in root.entries(base, recursive=study is None):
         if entry.base_name.startswith(".") or (not entry.is_file and study is None):
