@@ -428,6 +428,43 @@ def test_a_study_folder_that_is_a_symlink_is_left_out_by_every_reader_and_counte
     assert status.returncode == 2 and "symbolic link" in status.stderr + status.stdout, status.stderr
 
 
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then let go)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("storage,says", [
+    ("sqlite:///{tmp}/no-such-folder/optuna.db", "cannot be opened (("),
+    ("postgresql://alice:s3cret-pw@127.0.0.1:{port}/db", "driver is not installed here: pip install psycopg2-binary"),
+    ("{tmp}/not-a-journal.journal", "is not an Optuna journal file"),
+])
+def test_an_optuna_storage_that_cannot_be_opened_is_one_line_before_anything_starts(tmp_path, storage, says):
+    (tmp_path / "not-a-journal.journal").write_bytes(b"not a journal\n\x00\x01")
+    storage = storage.format(tmp=tmp_path, port=closed_port())
+    proc = loopstudy("run", "search_spaces/optuna_hpo.yaml", f"sweep.optuna.storage={storage}",
+                     "--store", str(tmp_path / "r"), timeout=120)
+    assert_refused(proc, says)
+    assert "s3cret" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (tmp_path / "r" / "_tune").exists()
+
+
+@pytest.mark.parametrize("tracking,says", [
+    ("tracking.mlflow=http://admin:s3cret-pw@127.0.0.1:{port}", "no MLflow server answers within 5s"),
+    ("tracking.mlflow=sqlite:///{tmp}/no-such-folder/mlflow.db", "no-such-folder does not exist"),
+    ("tracking.wandb=online", "tracking.wandb: online needs a W&B account: set WANDB_API_KEY"),
+])
+def test_a_tracker_out_of_reach_is_one_line_before_ray_starts(tmp_path, tracking, says, monkeypatch):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    override = tracking.format(tmp=tmp_path, port=closed_port())
+    proc = loopstudy("run", "tests/specs/tiny.yaml", override, "--store", str(tmp_path / "r"), timeout=60)
+    assert_refused(proc, says)  # (and Ray never started)
+    assert "s3cret" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
 def test_query_sees_the_store_tables_and_no_other_file(tmp_path):
     write_trial(Store(tmp_path), "s", "t1")
     for q in ("SELECT * FROM read_csv('/etc/passwd')", "select * from READ_PARQUET('/tmp/x.parquet')"):

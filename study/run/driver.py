@@ -22,6 +22,7 @@ from study.paths import resolve_root
 from study.run.optuna_storage import OptunaStudy, prepare
 from study.run.plan import pending_work, plan_readings, plan_work, reads_line
 from study.run.preflight import preflight_study
+from study.run.services import check_trackers
 from study.run.session import cluster_nodes, init_ray
 from study.run.tuner import build_tuner, fit, param_space
 from study.spec import Study
@@ -49,7 +50,9 @@ class Connection:
 
 
 def start(study: Study, store: Store, conn: Connection) -> None:
-    """Every driver's start-up: Ray (embedded or the cluster), then every check of the study on that cluster."""
+    """Every driver's start-up: the services the study names (before Ray starts), Ray (embedded or the cluster),
+    then every check of the study on that cluster."""
+    check_trackers(study)
     init_ray(conn.address, conn.num_cpus, conn.verbose)
     import ray
 

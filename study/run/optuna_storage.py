@@ -13,10 +13,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from study.paths import is_uri
+from study.errors import ConfigError
+from study.paths import is_uri, redacted
 
 FINISHED = ("COMPLETE", "PRUNED", "FAIL")
 INTERRUPTED = "interrupted"  # a sample its driver's death cut short: FAIL, not counted towards num_samples
+
+
+DRIVERS = {"postgresql": "psycopg2-binary", "mysql": "PyMySQL (and a mysql+pymysql:// URL)", "oracle": "oracledb",
+           "mssql": "pyodbc"}  # what `pip install` gives an RDB URL's default driver
+CONNECT_TIMEOUT_S = 10  # a database server that does not answer in this long is not there
 
 
 def open_storage(location: str):
@@ -24,11 +30,29 @@ def open_storage(location: str):
     import optuna
 
     if is_uri(location):
-        return optuna.storages.RDBStorage(location)
+        scheme = location.split("://", 1)[0].split("+", 1)[0]
+        kwargs = {} if scheme == "sqlite" else {"connect_args": {"connect_timeout": CONNECT_TIMEOUT_S}}
+        return optuna.storages.RDBStorage(location, engine_kwargs=kwargs)
     from optuna.storages.journal import JournalFileBackend
 
     Path(location).parent.mkdir(parents=True, exist_ok=True)
     return optuna.storages.JournalStorage(JournalFileBackend(location))
+
+
+def unopenable(location: str, e: Exception) -> ConfigError:
+    """One line for an Optuna storage that cannot be opened: what it said, and what to install or set (a
+    password in the URL is never printed)."""
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200].replace(location, redacted(location))
+    where = f"sweep.optuna.storage {redacted(location)}"
+    if isinstance(e, ImportError) or "import DB access module" in first:  # Optuna's words for a missing driver
+        scheme = location.split("://", 1)[0].split("+", 1)[0]
+        return ConfigError(f"{where}: its database driver is not installed here: pip install "
+                           f"{DRIVERS.get(scheme, 'the driver its URL names')}")
+    if not is_uri(location):
+        return ConfigError(f"{where} is not an Optuna journal file ({type(e).__name__}: {first}); give another "
+                           "path, or move the file away to start a new search there")
+    return ConfigError(f"{where} cannot be opened ({first}); check that the database (or, for sqlite, its "
+                       "folder) exists and can be reached")
 
 
 @dataclass(frozen=True)
@@ -47,8 +71,11 @@ def prepare(location: str, study: str, spec_hash: str, mode: str) -> OptunaStudy
     import optuna
     from optuna.trial import TrialState
 
-    storage = open_storage(location)
-    existing = {s.study_name: s for s in optuna.get_all_study_summaries(storage, include_best_trial=False)}
+    try:
+        storage = open_storage(location)
+        existing = {s.study_name: s for s in optuna.get_all_study_summaries(storage, include_best_trial=False)}
+    except Exception as e:  # whatever the storage's client raises, said in one line before anything starts
+        raise unopenable(location, e) from None
     name = study
     if name in existing and existing[name].user_attrs.get("spec_hash") not in (None, spec_hash):
         name = f"{study}.{spec_hash}"  # the spec changed: its own search, as its trials are its own members

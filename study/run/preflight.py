@@ -1,12 +1,11 @@
 """Every check of a study that needs more than the spec itself, in one place and in the order a driver meets them
 (study.run.driver.start, for run, resume and evaluate alike): what the cluster can give, where the trials can reach
-the results and data, whether the store can be written, whether the trackers it names are installed. Each refusal
-is one ConfigError line naming the fix, raised before any trial starts. A trial's own checks on its machine are
-study.trial.preflight."""
+the results and data, whether the store can be written. Each refusal is one ConfigError line naming the fix,
+raised before any trial starts. The services a study names are opened before Ray starts (study.run.services); a
+trial's own checks on its machine are study.trial.preflight."""
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
 from study.config import build_trial
@@ -68,23 +67,12 @@ def check_storage(root: str, nodes: list[dict[str, Any]], shared: bool, data_fil
             "results an object store such as s3://bucket/prefix.")
 
 
-def check_trackers(study: Study) -> None:
-    """Refuse a tracker whose client is not installed here (the driver logs every run)."""
-    t = study.spec.tracking
-    wanted = {"tensorboard": ("tensorboardX", t.tensorboard), "mlflow": ("mlflow", t.mlflow),
-              "wandb": ("wandb", t.wandb)}
-    for name, (module, on) in wanted.items():
-        if on and importlib.util.find_spec(module) is None:
-            raise ConfigError(f"{study.source}: tracking.{name} needs the {module} package on this machine: "
-                              f"pip install 'loopstudy[tracking]' (or turn tracking.{name} off)")
-
-
 def preflight_study(study: Study, store: Store, *, cluster: dict[str, float], nodes: list[dict[str, Any]],
                     shared: bool) -> None:
-    """Every check of a study on a cluster, in order."""
+    """Every check of a study on a cluster, in order (its services were opened before Ray started:
+    study.run.services)."""
     check_resources(study, cluster)
     check_storage(store.uri, nodes, shared, data_files(study))
     check_writable(store)
-    check_trackers(study)
 
 
