@@ -1,6 +1,6 @@
 """Benchmark: Ray Tune overhead. 40 trials of a 2-second trainable on the embedded Ray with 2 CPUs.
 
-Uses the launcher's own Ray start-up (study.run.driver.init_ray) and run settings (local storage, FailureConfig,
+Uses the driver's own Ray start-up (study.run.session.init_ray) and run settings (local storage, FailureConfig,
 actor reuse, the progress callback). Theoretical minimum = 40 x 2 s / 2 CPUs = 40 s; reports wall time
 (Tuner.fit only, Ray already up) over that minimum. Target <= 1.25. The last line printed is JSON.
 """
@@ -27,7 +27,7 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=2.0)
     p.add_argument("--cpus", type=int, default=2)
     p.add_argument("--no-reuse-actors", dest="reuse_actors", action="store_false",
-                   help="a new worker process per trial (Tune's default; the launcher reuses them)")
+                   help="a new worker process per trial (Tune's default; the driver reuses them)")
     args = p.parse_args()
 
     from ray import tune

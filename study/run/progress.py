@@ -1,6 +1,6 @@
 """The driver's progress lines while a study runs: one per trial started / finished / failed / retried, and at most
 every STATUS_EVERY_S one saying what each running trial is doing (`train 40%`, `eval 12%`). A Ray Tune Callback;
-imports Ray, so the launcher imports it only when it builds a Tuner."""
+imports Ray, so the driver imports it only when it builds a Tuner (study.run.tuner)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ STATUS_EVERY_S = 30.0  # the driver prints what the running trials are doing at 
 def describe(config: dict) -> str:
     """A trial in words, from the config Tune hands it: its variant and seed (a grid point), or its Optuna picks."""
     trial = config.get("trial")
-    if isinstance(trial, str):  # a grid point, as JSON text (launch.param_space)
+    if isinstance(trial, str):  # a grid point, as JSON text (study.run.tuner.param_space)
         try:
             data = json.loads(trial)
         except ValueError:

@@ -13,7 +13,7 @@ Where runs go (study.spec.schema.TrackingSpec): TensorBoard event files in each 
 `<tracking dir>/mlflow.db` (`mlflow ui --backend-store-uri sqlite:///...`); W&B offline into `<tracking dir>/wandb`
 (`wandb sync` uploads it later), or online with `tracking.wandb: online` and WANDB_API_KEY. The tracking dir is
 `<root>/_tracking/<study>` for a local root, this machine's cache for an object-store one (layout.tracking_dir).
-Imports Ray: the launcher imports this module only when it builds a Tuner with tracking on.
+Imports Ray: the driver imports this module only when it builds a Tuner with tracking on (study.run.tuner).
 """
 
 from __future__ import annotations
