@@ -76,6 +76,15 @@ class Results:
         df = build_table(self.store, study, kind, paper=paper, skip_bad=self.skip_bad, include_stale=self.include_stale)
         return widen(df, wide) if wide else df
 
+    def compare(self, study: str, baseline: str, metric: str | None = None, depth: int | None = None,
+                retention: bool = False, half_width: float | None = None) -> pl.DataFrame:
+        """Each setting minus `baseline`, paired by seed (mean, 95% CI, paired p, Holm p; with half_width, the
+        seeds a CI that narrow needs), as `loopstudy table compare` (study.analysis.compare)."""
+        from study.analysis.compare import Comparison, compare
+
+        ctx = load_context(self.store, study, self.skip_bad, self.include_stale)
+        return compare(ctx, Comparison(baseline, metric or ctx.headline[0], depth, retention, half_width))
+
     def figures(self, study: str, kind: str = "all", out: str | Path = "results/figures") -> list[Path]:
         """Write figure `kind` (or all) as PNG and PDF into `out`, as `loopstudy plot`; returns the files."""
         return plot(self.store, study, kind, out, skip_bad=self.skip_bad, include_stale=self.include_stale)
@@ -85,7 +94,7 @@ class Results:
         return report(self.store, study, out, self.skip_bad, self.include_stale)
 
     def sql(self, query: str, study: str | None = None) -> pl.DataFrame:
-        """Polars SQL over every table, as `loopstudy query`."""
+        """SQL over the store's tables, sandboxed (study.analysis.query), as `loopstudy query`."""
         return sql(self.store, query, study, self.skip_bad)
 
     def importance(self, study: str, metric: str = DEFAULT_METRIC, evaluator: str = "fanova") -> pl.DataFrame:

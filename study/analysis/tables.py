@@ -224,13 +224,17 @@ def t_retention(ctx: Context) -> pl.DataFrame:
     accuracy over depths, the accuracy at 10x the training depth (null without a reading at exactly 10x), their
     ratio (retained_10x; <= 0.5 is losing at least half the peak; undefined for a trial that never solved
     anything) and the accuracy at the deepest reading (deepest_x times the training depth)."""
+    return aggregate(retention_per_trial(ctx), ["setting", "deepest_x"], ["peak", "at_10x", "retained_10x", "deepest"])
+
+
+def retention_per_trial(ctx: Context) -> pl.LazyFrame:
+    """Per trial: peak, at_10x, retained_10x, deepest and deepest_x (t_retention's numbers before the mean)."""
     lf = with_depth_multiple(ctx, overall(ctx.table("depth_eval")))
     acc = pl.col(ctx.headline[0])
-    per_trial = lf.group_by("trial_id", "setting").agg(
+    return lf.group_by("trial_id", "setting").agg(
         acc.max().alias("peak"), acc.filter(pl.col("depth_x") == 10).first().alias("at_10x"),
         acc.sort_by("depth_layers").last().alias("deepest"), pl.col("depth_x").max().alias("deepest_x"),
     ).with_columns(pl.when(pl.col("peak") > 0).then(pl.col("at_10x") / pl.col("peak")).alias("retained_10x"))
-    return aggregate(per_trial, ["setting", "deepest_x"], ["peak", "at_10x", "retained_10x", "deepest"])
 
 
 def t_stability(ctx: Context) -> pl.DataFrame:

@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 from study.console import eprint
+from study.errors import ConfigError
 from study.store.layout import figures_dir, weights_file
 
 
@@ -197,15 +198,36 @@ def _store(root: str):
     return Store(root).require()
 
 
+COMPARE_OPTIONS = ("baseline", "metric", "depth", "retention", "half_width")
+
+
 def cmd_table(args: argparse.Namespace) -> int:
     from study.analysis.formatting import format_table, widen
     from study.analysis.tables import build_table
 
+    if args.kind == "compare":
+        return cmd_compare(args)
+    given = [f"--{o.replace('_', '-')}" for o in COMPARE_OPTIONS if getattr(args, o) not in (None, False)]
+    if given:
+        raise ConfigError(f"{', '.join(given)}: for `loopstudy table compare` only")
     df = build_table(_store(args.store), args.study, args.kind, paper=args.paper, skip_bad=args.skip_bad,
                      include_stale=args.all)
     if args.wide is not None:
         df = widen(df, args.wide or None)
     print(format_table(df, args.format))
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from study.analysis.compare import Comparison, compare
+    from study.analysis.formatting import format_table
+    from study.analysis.tables import load_context
+
+    if not args.baseline:
+        raise ConfigError("table compare needs --baseline SETTING (a setting as the study's tables name it)")
+    ctx = load_context(_store(args.store), args.study, args.skip_bad, args.all)
+    cmp = Comparison(args.baseline, args.metric or ctx.headline[0], args.depth, args.retention, args.half_width)
+    print(format_table(compare(ctx, cmp), args.format))
     return 0
 
 

@@ -201,7 +201,7 @@ def add_tables(sub, parent: argparse.ArgumentParser) -> None:
     from study.analysis.figures import FIGURES
     from study.analysis.tables import TABLES
 
-    table_kinds, figure_kinds = list(TABLES), [*FIGURES, "all"]
+    table_kinds, figure_kinds = [*TABLES, "compare"], [*FIGURES, "all"]
     tb = sub.add_parser("table", parents=[parent], help="an ablation table from stored Parquet",
                         description="An ablation table, aggregated over seeds (mean, std, n, 95% CI).")
     tb.add_argument("kind", metavar="KIND", help=f"one of: {', '.join(table_kinds)}")
@@ -212,7 +212,9 @@ def add_tables(sub, parent: argparse.ArgumentParser) -> None:
     tb.add_argument("--wide", nargs="?", const="", metavar="METRIC",
                     help="one column per setting with METRIC's 'mean ± 95%% CI' over seeds (default: the table's "
                          "first metric: exact_acc, or pass@2 per puzzle for ARC)")
+    add_compare(tb)
     tb.set_defaults(func=cmd.cmd_table)
+
 
     pl_ = sub.add_parser("plot", parents=[parent], help="figures (PNG and PDF) from stored Parquet",
                          description="Figures (PNG and PDF) from the stored Parquet alone.")
@@ -291,3 +293,20 @@ def build_parser() -> argparse.ArgumentParser:
     add_tables(sub, parent)
     add_upkeep(sub, parent)
     return p
+
+
+def add_compare(tb: argparse.ArgumentParser) -> None:
+    """`table compare`'s options: each setting against a baseline, paired by seed."""
+    g = tb.add_argument_group("table compare", "each setting minus a baseline setting, paired by seed: mean, 95% CI "
+                              "(t over the pairs), paired t-test p, Holm-corrected p")
+    g.add_argument("--baseline", metavar="SETTING", help="the setting (as the tables name it) the others are compared "
+                   "with")
+    g.add_argument("--metric", metavar="M", help="a depth_eval column (exact_acc, cell_acc, eff_layers, ...) or a "
+                   "trial metric (final_exact_acc, ...); default: the study's headline accuracy")
+    which = g.add_mutually_exclusive_group()
+    which.add_argument("--depth", type=int, metavar="LAYERS", help="read M at this depth (default: each trial's "
+                       "deepest reading)")
+    which.add_argument("--retention", action="store_true", help="compare retention (accuracy at 10x the training "
+                       "depth over the peak), with a bootstrap CI as well")
+    g.add_argument("--half-width", type=float, metavar="W", help="power: the seeds a CI of half-width W needs, from "
+                   "these pairs' spread (seeds_for_half_width)")

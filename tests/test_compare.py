@@ -1,0 +1,144 @@
+"""Comparisons paired by seed (study.analysis.compare) on a hand-made study: numbers checked by hand and by scipy."""
+
+import math
+import subprocess
+import sys
+from datetime import UTC, datetime
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from study.analysis.compare import Comparison, compare, holm, seeds_for
+from study.analysis.tables import load_context, t975
+from study.config import TrialConfig, to_dict
+from study.errors import AnalysisError
+from study.store import Store, config_row
+
+from .conftest import REPO
+
+TRAIN_LAYERS = 3 * 4 * 14  # H x n_sup x (L + 1) n_layers of the default config: the training depth, 168
+PEAK, TEN_X = TRAIN_LAYERS, 10 * TRAIN_LAYERS
+# exact accuracy at the training depth and at 10x it, per rule and seed; infiloop has no seed 4 (unpaired)
+ACC = {
+    "carry_last": {0: (0.80, 0.10), 1: (0.70, 0.20), 2: (0.90, 0.05), 3: (0.60, 0.30), 4: (0.75, 0.15)},
+    "infiloop": {0: (0.85, 0.70), 1: (0.80, 0.60), 2: (0.90, 0.85), 3: (0.70, 0.50)},
+    "damped": {0: (0.82, 0.12), 1: (0.71, 0.25), 2: (0.88, 0.02), 3: (0.62, 0.33), 4: (0.74, 0.18)},
+}
+BASE = "rule=carry_last"
+
+
+@pytest.fixture(scope="module")
+def ctx(tmp_path_factory):
+    store = Store(tmp_path_factory.mktemp("paired"))
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    for rule, seeds in ACC.items():
+        for seed, accs in seeds.items():
+            cfg = to_dict(TrialConfig(seed=seed))
+            cfg["model"]["carry"]["rule"] = rule
+            tid = f"{rule[:3]}{seed}"
+            store.write("depth_eval", "paired", tid, [
+                {"depth_layers": d, "outer_cycles": d // 14, "difficulty": None, "n": 100, "exact_acc": a,
+                 "cell_acc": 0.9, "halted_frac": 0.0, "eff_layers": float(d)} for d, a in zip((PEAK, TEN_X), accs)])
+            for table in ("dynamics", "perturbation", "train_curve"):
+                store.write(table, "paired", tid, [])
+            store.write("trials", "paired", tid, [{**config_row(cfg), "status": "complete", "params": 1,
+                                                   "started": now, "ended": now, "wall_s": 1.0, "device": "cpu",
+                                                   "final_exact_acc": accs[1]}])
+    return load_context(store, "paired")
+
+
+def by_hand(rule, pick):
+    seeds = sorted(ACC[rule].keys() & ACC["carry_last"].keys())
+    return np.array([pick(ACC[rule][s]) - pick(ACC["carry_last"][s]) for s in seeds])
+
+
+def test_the_paired_difference_its_ci_and_p_value_are_the_hand_computed_ones(ctx):
+    df = compare(ctx, Comparison(BASE, "exact_acc", depth=TEN_X))
+    assert df["setting"].to_list() == ["rule=damped", "rule=infiloop"]  # by name
+    for rule in ("infiloop", "damped"):
+        d = by_hand(rule, lambda a: a[1])
+        row = df.filter(df["setting"] == f"rule={rule}").row(0, named=True)
+        half = t975(len(d)) * d.std(ddof=1) / math.sqrt(len(d))
+        assert row["n_pairs"] == len(d) and row["diff"] == pytest.approx(d.mean())
+        assert (row["ci95_lo"], row["ci95_hi"]) == pytest.approx((d.mean() - half, d.mean() + half))
+        assert row["p"] == pytest.approx(stats.ttest_1samp(d, 0).pvalue)
+        assert row["metric"] == f"exact_acc@{TEN_X}" and row["baseline"] == BASE
+    # infiloop keeps far more at 10x (decided); damped does not differ (its CI spans 0)
+    inf, dmp = (df.filter(df["setting"] == s).row(0, named=True) for s in ("rule=infiloop", "rule=damped"))
+    assert inf["ci95_lo"] > 0 and dmp["ci95_lo"] < 0 < dmp["ci95_hi"]
+
+
+def test_an_unpaired_seed_is_named_and_left_out(ctx, capsys):
+    df = compare(ctx, Comparison(BASE, "exact_acc", depth=TEN_X))
+    row = df.filter(df["setting"] == "rule=infiloop").row(0, named=True)
+    assert row["n_pairs"] == 4 and row["unpaired_seeds"] == "4"
+    assert "seed(s) 4 unpaired" in capsys.readouterr().err
+
+
+def test_p_values_are_holm_corrected_across_the_settings_compared(ctx):
+    df = compare(ctx, Comparison(BASE, "exact_acc", depth=TEN_X))
+    assert df["p_holm"].to_list() == pytest.approx(holm(df["p"].to_list()))
+    assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])  # 3p, then max(2p, prev), then max(p, prev)
+    assert holm([0.5, None]) == [0.5, None]
+
+
+def test_retention_is_compared_per_seed_with_a_seeded_bootstrap_ci(ctx):
+    cmp = Comparison(BASE, retention=True)
+    df = compare(ctx, cmp)
+    d = by_hand("infiloop", lambda a: a[1] / a[0])
+    row = df.filter(df["setting"] == "rule=infiloop").row(0, named=True)
+    assert row["metric"] == "retained_10x" and row["diff"] == pytest.approx(d.mean())
+    assert row["boot_lo"] < row["diff"] < row["boot_hi"] and d.min() <= row["boot_lo"]
+    assert compare(ctx, cmp).equals(df)  # the same bootstrap every read
+
+
+def test_a_trial_metric_is_compared_one_value_per_trial(ctx):
+    df = compare(ctx, Comparison(BASE, "final_exact_acc"))
+    row = df.filter(df["setting"] == "rule=infiloop").row(0, named=True)
+    assert row["metric"] == "final_exact_acc"
+    assert row["diff"] == pytest.approx(by_hand("infiloop", lambda a: a[1]).mean())
+
+
+def test_power_gives_the_fewest_seeds_for_the_half_width(ctx):
+    d = by_hand("damped", lambda a: a[1])
+    sd = d.std(ddof=1)
+    n = seeds_for(sd, 0.01)
+    assert t975(n) * sd / math.sqrt(n) <= 0.01 < t975(n - 1) * sd / math.sqrt(n - 1)
+    df = compare(ctx, Comparison(BASE, "exact_acc", depth=TEN_X, half_width=0.01))
+    assert df.filter(df["setting"] == "rule=damped")["seeds_for_half_width"].item() == n
+    with pytest.raises(AnalysisError, match="--half-width 0"):
+        seeds_for(sd, 0)
+
+
+def test_bad_input_says_what_exists(ctx):
+    with pytest.raises(AnalysisError, match="not a setting of study 'paired'.*rule=carry_last"):
+        compare(ctx, Comparison("rule=nope"))
+    with pytest.raises(AnalysisError, match="unknown metric 'wat'"):
+        compare(ctx, Comparison(BASE, "wat"))
+    with pytest.raises(AnalysisError, match="no reading at 7 layers"):
+        compare(ctx, Comparison(BASE, "exact_acc", depth=7))
+
+
+def test_the_python_api_gives_the_same_table(ctx):
+    from study.analysis.results import open_results
+
+    api = open_results(ctx.store.uri).compare("paired", BASE, depth=TEN_X, half_width=0.05)
+    assert api.equals(compare(ctx, Comparison(BASE, "exact_acc", depth=TEN_X, half_width=0.05)))
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "study.cli", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_table_compare_from_the_cli(ctx):
+    root = ctx.store.uri
+    proc = cli("table", "compare", "--study", "paired", "--store", root, "--baseline", BASE, "--depth", str(TEN_X),
+               "--format", "csv")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0].startswith("setting,baseline,metric,n_pairs,baseline_mean,diff,ci95_lo")
+    no_base = cli("table", "compare", "--study", "paired", "--store", root)
+    assert no_base.returncode == 2 and "needs --baseline" in no_base.stderr
+    other = cli("table", "depth", "--study", "paired", "--store", root, "--baseline", BASE)
+    assert other.returncode == 2 and "--baseline: for `loopstudy table compare` only" in other.stderr
