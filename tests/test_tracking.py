@@ -7,6 +7,7 @@ import os
 import struct
 import subprocess
 import sys
+import time
 
 import polars as pl
 import pytest
@@ -103,12 +104,25 @@ def wandb_records(path):
     return out
 
 
+def finished_wandb_records(path, wait_s=60.0):
+    """The run file's records once W&B has written its `exit` record: W&B's own service process writes the file and
+    may still be flushing it when the driver has exited, so the file is read again until it is whole."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        records = wandb_records(path)
+        kinds = [r.WhichOneof("record_type") for r in records]
+        if "exit" in kinds or time.monotonic() > deadline:
+            assert "run" in kinds and "exit" in kinds, (path, kinds)
+            return records
+        time.sleep(0.5)
+
+
 def test_wandb_offline_runs_hold_the_config_and_history_at_the_training_step(tracked):
     files = sorted((tracked["root"] / "_tracking" / "tiny" / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(files) == 2
     seen = {}
     for f in files:
-        records = wandb_records(f)
+        records = finished_wandb_records(f)
         run = next(r.run for r in records if r.WhichOneof("record_type") == "run")
         config = {i.key: json.loads(i.value_json) for i in run.config.update}
         history = [{"_step": r.history.step.num, **{i.key or "/".join(i.nested_key): json.loads(i.value_json)

@@ -31,7 +31,8 @@ def open_storage(location: str):
 
     if is_uri(location):
         scheme = location.split("://", 1)[0].split("+", 1)[0]
-        kwargs = {} if scheme == "sqlite" else {"connect_args": {"connect_timeout": CONNECT_TIMEOUT_S}}
+        # the servers whose default drivers take connect_timeout (psycopg2, PyMySQL); sqlite has no server
+        kwargs = {"connect_args": {"connect_timeout": CONNECT_TIMEOUT_S}} if scheme in ("postgresql", "mysql") else {}
         return optuna.storages.RDBStorage(location, engine_kwargs=kwargs)
     from optuna.storages.journal import JournalFileBackend
 
