@@ -1,7 +1,7 @@
 """One trial: build task and model, train, evaluate at depth, write every table's rows to the store.
 
-The same function runs under `loopstudy trial` (no Ray) and inside the Ray Tune trainable (trainable.py). Rows go
-straight to storage from here; only a few summary metrics travel back to the caller (and on to Tune).
+The same function runs under `loopstudy trial` (no Ray) and inside the Ray Tune trainable (study.run.trainable).
+Rows go straight to storage from here; only a few summary metrics travel back to the caller (and on to Tune).
 """
 
 from __future__ import annotations
