@@ -47,24 +47,24 @@ def redacted(uri: str) -> str:
 def normalized_uri(uri: str) -> str:
     """An object-store URI as pyarrow, Polars and Tune read it: an endpoint written with its scheme, as
     AWS_ENDPOINT_URL users write it (`?endpoint_override=http://HOST:PORT`), becomes `endpoint_override=HOST:PORT
-    &scheme=http`. Raises ValueError for a URI loopstudy cannot serve (another scheme, an S3 URI without a bucket),
-    at once rather than after a client has waited for credentials that are not there."""
+    &scheme=http`. StoreError for a URI loopstudy cannot serve (another scheme, an S3 URI without a bucket), at
+    once rather than after a client has waited for credentials that are not there."""
     scheme = uri.split("://", 1)[0].lower()
     if scheme not in SERVED_SCHEMES:
-        raise ValueError(f"{redacted(uri)}: {scheme}:// is not served; use a local or NFS path, or s3://BUCKET/PREFIX "
-                         "(AWS, or any S3-compatible server such as MinIO, SeaweedFS or GCS's S3 endpoint, named "
-                         "with ?endpoint_override=HOST:PORT or AWS_ENDPOINT_URL)")
+        raise StoreError(f"results store {redacted(uri)}: {scheme}:// is not served; use a local or NFS path, or "
+                         "s3://BUCKET/PREFIX (AWS, or any S3-compatible server such as MinIO, SeaweedFS or GCS's S3 "
+                         "endpoint, named with ?endpoint_override=HOST:PORT or AWS_ENDPOINT_URL)")
     base, _, query = uri.partition("?")
     if scheme == "s3" and not urllib.parse.urlsplit(base).hostname:
-        raise ValueError(f"{redacted(uri)}: no bucket; give s3://BUCKET or s3://BUCKET/PREFIX")
+        raise StoreError(f"results store {redacted(uri)}: no bucket; give s3://BUCKET or s3://BUCKET/PREFIX")
     params = dict(urllib.parse.parse_qsl(query, keep_blank_values=True))
     endpoint = params.get("endpoint_override", "")
     if "://" not in endpoint:
         return uri
     given, _, host = endpoint.partition("://")
     if params.get("scheme", given) != given:
-        raise ValueError(f"{redacted(uri)}: endpoint_override says {given}:// and scheme says {params['scheme']}; "
-                         "give one")
+        raise StoreError(f"results store {redacted(uri)}: endpoint_override says {given}:// and scheme says "
+                         f"{params['scheme']}; give one")
     params.update(endpoint_override=host.rstrip("/"), scheme=given)
     return f"{base}?{urllib.parse.urlencode(params, safe=':/')}"
 
@@ -94,13 +94,7 @@ def resolve_root(root: str | os.PathLike) -> str:
     """A results root as every command and trial sees it: an object-store URI normalized (normalized_uri), a path
     made absolute (trials run in other working folders)."""
     root = str(root)
-    if not is_uri(root):
-        return os.path.abspath(root)
-    try:
-        return normalized_uri(root)
-    except ValueError as e:
-        raise StoreError(f"results store {e}") from None
-
+    return normalized_uri(root) if is_uri(root) else os.path.abspath(root)
 
 
 @contextlib.contextmanager

@@ -15,11 +15,10 @@ from pathlib import Path
 
 from study.errors import ConfigError
 from study.paths import is_uri, redacted
+from study.spec.optuna_location import rdb_scheme
 
 FINISHED = ("COMPLETE", "PRUNED", "FAIL")
 INTERRUPTED = "interrupted"  # a sample its driver's death cut short: FAIL, not counted towards num_samples
-
-
 DRIVERS = {"postgresql": "psycopg2-binary", "mysql": "PyMySQL (and a mysql+pymysql:// URL)", "oracle": "oracledb",
            "mssql": "pyodbc"}  # what `pip install` gives an RDB URL's default driver
 CONNECT_TIMEOUT_S = 10  # a database server that does not answer in this long is not there
@@ -30,9 +29,9 @@ def open_storage(location: str):
     import optuna
 
     if is_uri(location):
-        scheme = location.split("://", 1)[0].split("+", 1)[0]
         # the servers whose default drivers take connect_timeout (psycopg2, PyMySQL); sqlite has no server
-        kwargs = {"connect_args": {"connect_timeout": CONNECT_TIMEOUT_S}} if scheme in ("postgresql", "mysql") else {}
+        kwargs = ({"connect_args": {"connect_timeout": CONNECT_TIMEOUT_S}}
+                  if rdb_scheme(location) in ("postgresql", "mysql") else {})
         return optuna.storages.RDBStorage(location, engine_kwargs=kwargs)
     from optuna.storages.journal import JournalFileBackend
 
@@ -46,9 +45,8 @@ def unopenable(location: str, e: Exception) -> ConfigError:
     first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200].replace(location, redacted(location))
     where = f"sweep.optuna.storage {redacted(location)}"
     if isinstance(e, ImportError) or "import DB access module" in first:  # Optuna's words for a missing driver
-        scheme = location.split("://", 1)[0].split("+", 1)[0]
         return ConfigError(f"{where}: its database driver is not installed here: pip install "
-                           f"{DRIVERS.get(scheme, 'the driver its URL names')}")
+                           f"{DRIVERS.get(rdb_scheme(location), 'the driver its URL names')}")
     if not is_uri(location):
         return ConfigError(f"{where} is not an Optuna journal file ({type(e).__name__}: {first}); give another "
                            "path, or move the file away to start a new search there")

@@ -21,7 +21,7 @@ from typing import Any
 
 from study.config import TrialConfig, build_trial, eval_keys, training_id, trial_id
 from study.errors import ConfigError
-from study.trial.work import Reading, WorkItem
+from study.trial.work import Reading, WorkItem, kept_steps
 
 
 def check_eval_overrides(overrides: dict[str, Any]) -> None:
@@ -105,7 +105,6 @@ def plan_readings(store, study, overrides: dict[str, Any], trials: list[str] | N
     from study.console import eprint
     from study.errors import StoreError
     from study.spec.membership import membership
-    from study.trial.weights import kept_steps
 
     name = study.name
     if not overrides and not checkpoints:

@@ -17,6 +17,7 @@ class StoppedIsPruned(OptunaSearch):
         storage = storage or optuna.storages.InMemoryStorage()
         super().__init__(*args, storage=storage, study_name=study_name, **kwargs)
         self.optuna_storage, self.optuna_study_name = storage, study_name
+        self._storage_ids: dict[int, int] = {}  # Optuna trial number -> its id in the storage, looked up once
 
     def _finished(self, trial_id: str) -> bool:
         """Whether the Optuna trial behind a Tune trial has finished in the storage already: a resumed driver's
@@ -27,9 +28,11 @@ class StoppedIsPruned(OptunaSearch):
         if ot_trial is None:
             return False
         storage = self.optuna_storage
-        study_id = storage.get_study_id_from_name(self.optuna_study_name)
-        tid = storage.get_trial_id_from_study_id_trial_number(study_id, ot_trial.number)
-        return storage.get_trial(tid).state.is_finished()
+        if ot_trial.number not in self._storage_ids:
+            study_id = storage.get_study_id_from_name(self.optuna_study_name)
+            self._storage_ids[ot_trial.number] = storage.get_trial_id_from_study_id_trial_number(study_id,
+                                                                                                 ot_trial.number)
+        return storage.get_trial(self._storage_ids[ot_trial.number]).state.is_finished()
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         if not self._finished(trial_id):

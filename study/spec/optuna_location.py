@@ -21,11 +21,15 @@ def storage_location(configured: str | None, root: str, study: str) -> str:
     return str(machine_cache() / "optuna" / f"{study}.journal") if is_uri(root) else optuna_journal(root, study)
 
 
+def rdb_scheme(location: str) -> str:
+    """The database of an RDB URL (`postgresql+psycopg2://...` -> `postgresql`)."""
+    return location.split("://", 1)[0].split("+", 1)[0]
+
+
 def check_location(location: str, source: str) -> None:
     """ConfigError when `location` is neither an RDB URL Optuna knows nor a journal file path."""
     if is_uri(location):
-        scheme = location.split("://", 1)[0].split("+", 1)[0]
-        if scheme not in RDB_SCHEMES:
+        if rdb_scheme(location) not in RDB_SCHEMES:
             raise ConfigError(f"{source}: sweep.optuna.storage {location!r}: an RDB URL ({', '.join(RDB_SCHEMES)}"
                               "://...) or the path of a journal file (e.g. results/_optuna/NAME.journal)")
     elif os.path.isdir(location):

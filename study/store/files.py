@@ -98,10 +98,7 @@ class Root:
             raise StoreError(f"results store {uri.encode('utf-8', 'surrogateescape')!r} is not a UTF-8 path; "
                              "give a path or URI in UTF-8") from None
         if is_uri(uri):
-            try:
-                uri = normalized_uri(uri)
-            except ValueError as e:
-                raise StoreError(f"results store {e}") from None
+            uri = normalized_uri(uri)
             try:
                 fs, path = pafs.FileSystem.from_uri(uri)
             except (pa.ArrowException, ValueError) as e:

@@ -57,10 +57,10 @@ def studies(root: Root) -> list[str]:
             name = study_of_dir(info.base_name)
             if info.type == pafs.FileType.Directory and name is not None and is_study_name(name):
                 found.add(name)
-    for name in sorted(found):
-        for path in linked_folders(root, name):
-            root.warn(path, LINKED)
-    return sorted(s for s in found if not linked_folders(root, s))
+    linked = {name: linked_folders(root, name) for name in sorted(found)}
+    for path in (p for paths in linked.values() for p in paths):
+        root.warn(path, LINKED)
+    return [name for name, paths in linked.items() if not paths]
 
 
 def list_table(root: Root, table: str, study: str | None) -> tuple[list[Entry], list[Entry]]:

@@ -13,7 +13,7 @@ from study.tasks.settings import COMMON_FIELDS, build_task_config
 def _discover() -> dict[str, TaskDef]:
     found = {}
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if info.name in ("base", "loader", "settings", "arc_versions"):  # the modules that are not a task
+        if info.name == "loader":  # it reads TASKS itself; every other module without a TASK is passed over
             continue
         task = getattr(importlib.import_module(f"{__name__}.{info.name}"), "TASK", None)
         if isinstance(task, TaskDef):

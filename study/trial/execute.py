@@ -27,8 +27,8 @@ from study.store import Store, config_row, now_utc
 from study.tasks.loader import load_task
 from study.trial.preflight import preflight_trial
 from study.trial.train import Trainer, TrainLog, seed_everything
-from study.trial.weights import StoredWeights, kept_steps, load_weights, save_weights
-from study.trial.work import Reading
+from study.trial.weights import StoredWeights, load_weights, save_weights
+from study.trial.work import Reading, kept_steps
 
 
 @dataclass(frozen=True)

@@ -69,7 +69,3 @@ def load_weights(store: Store, study_name: str, tid: str, sha256: str, step: int
                          "restore it, or run the trial again")
     return load(data)
 
-
-def kept_steps(row: dict) -> dict[int, str]:
-    """{training step: sha256} of the checkpoint weights a trial's row says it kept (train.keep_checkpoints)."""
-    return {int(k): v for k, v in json.loads(row.get("checkpoints") or "{}").items()}

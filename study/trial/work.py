@@ -60,3 +60,8 @@ def work_from_json(data: dict[str, Any], source: str) -> tuple[dict[str, Any], b
     data = dict(data)
     trains, weights_of = data.pop("_trains"), data.pop("_weights_of")
     return data, trains, weights_of, [Reading.from_json(r, source) for r in data.pop("_readings")]
+
+
+def kept_steps(row: dict) -> dict[int, str]:
+    """{training step: sha256} of the checkpoint weights a trial's row says it kept (train.keep_checkpoints)."""
+    return {int(k): v for k, v in json.loads(row.get("checkpoints") or "{}").items()}
