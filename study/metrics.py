@@ -33,6 +33,7 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
     Metric("best_exact_acc", "max", True, "exact accuracy at the best test-time depth"),
     Metric("final_train_loss", "min", False, "training loss at the last logged step"),
     Metric("final_cell_acc", "max", True, "cell accuracy at the deepest test-time depth"),
+    Metric("final_flops", "min", True, "test-time FLOPs per sample of the deepest reading (final_exact_acc's)"),
     Metric("final_pass_at_2", "max", True, "ARC: pass@2 per puzzle (the papers' count) at the deepest depth",
            task="arc"),
 )}
@@ -56,6 +57,8 @@ def summary_metrics(depth: list, final_train_loss: float | None) -> dict[str, fl
     deepest = max(overall, key=lambda r: get(r, "depth_layers"))
     out = {"final_exact_acc": get(deepest, "exact_acc"), "best_exact_acc": max(get(r, "exact_acc") for r in overall),
            "final_cell_acc": get(deepest, "cell_acc")}
+    if get(deepest, "flops") is not None:
+        out["final_flops"] = get(deepest, "flops")
     if get(deepest, "puzzle_pass_at_2") is not None:
         out["final_pass_at_2"] = get(deepest, "puzzle_pass_at_2")
     if final_train_loss is not None:

@@ -35,6 +35,10 @@ class DepthRow:
     cell_acc: float
     halted_frac: float
     eff_layers: float
+    # test-time cost per sample up to this depth (study.evaluate.compute): FLOPs over the steps each sample ran,
+    # and the rollouts' wall seconds over the samples they rolled out (None in rows stored before they were counted)
+    flops: float | None = None
+    rollout_s: float | None = None
     # ARC (a task with TaskDef.vote; None for the others): answers pooled over augmented versions, ranked by votes
     # (methods.md 8.5); per test input, and per puzzle as the papers count it
     pass_at_1: float | None = None

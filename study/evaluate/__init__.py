@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from study.config import EvalConfig
+from study.evaluate.compute import RolloutFlops
 from study.evaluate.diagnostics import Trajectory, dynamics_rows, stability
 from study.evaluate.perturbation import perturbation_rows
 from study.evaluate.rollout import (
@@ -44,18 +45,20 @@ class EvalResult:
 
 def evaluated_model(model: Reasoner, task: Task, cfg: EvalConfig, device: str) -> Reasoner:
     """The model the evaluation runs: the trained weights under eval's cycle counts / halting (a new module only
-    when they differ), on `device`, with the step compiled when eval.compile asks (on a shallow copy, so the
-    caller's model keeps its own step)."""
+    when they differ), on `device`."""
     mcfg = cfg.model_config(model.cfg)
     if mcfg != model.cfg:
         spec = task.spec
         evm = build_reasoner(mcfg, spec)
         evm.load_state_dict(model.state_dict())
         model = evm
-    model = model.to(device).eval()
-    if cfg.compile:
-        model = copy.copy(model)
-        model.step = torch.compile(model.step, mode="reduce-overhead" if device.startswith("cuda") else None)
+    return model.to(device).eval()
+
+
+def compiled(model: Reasoner, device: str) -> Reasoner:
+    """The model with its step compiled (eval.compile), on a shallow copy, so the caller's model keeps its own."""
+    model = copy.copy(model)
+    model.step = torch.compile(model.step, mode="reduce-overhead" if device.startswith("cuda") else None)
     return model
 
 
@@ -82,6 +85,9 @@ def evaluate(model: Reasoner, task: Task, cfg: EvalConfig, device: str = "cpu",
     bfloat16 autocast, as training did.
     """
     model = evaluated_model(model, task, cfg, device)
+    flops = RolloutFlops(model)  # counted on the eager model: the flop counter does not trace a compiled step
+    if cfg.compile:
+        model = compiled(model, device)
     amp = torch.autocast("cuda" if device.startswith("cuda") else "cpu", dtype=torch.bfloat16,
                          enabled=dtype == "bf16")
     plan = make_plan(model, cfg, task.spec.pad)
@@ -95,7 +101,7 @@ def evaluate(model: Reasoner, task: Task, cfg: EvalConfig, device: str = "cpu",
 
         with amp:
             got.append(rollout_batch(model, data.take(rows), plan if b == 0 else later, device,
-                                     progress if on_progress is not None else None))
+                                     progress if on_progress is not None else None, flops))
     vote = TASKS[task.cfg.name].vote
     depth_rows = depth_table({d: [g.predictions[d] for g in got] for d in plan.target_steps.values()}, data,
                              plan.target_steps,
@@ -121,14 +127,19 @@ def trajectory(parts: list[dict[str, np.ndarray]], data: Split, free: np.ndarray
 
 def depth_table(predictions: dict[int, list[DepthPrediction]], data: Split, target_steps: dict[int, int],
                 score: Callable[[np.ndarray, np.ndarray], dict] | None = None) -> list[DepthRow]:
-    """One row per depth for all samples and one per difficulty: accuracy, halted share, executed layers; with a
-    task that pools answers (TaskDef.vote), `score(pred, conf)` adds its pass@k columns to each row."""
+    """One row per depth for all samples and one per difficulty: accuracy, halted share, executed layers, FLOPs per
+    sample and the rollouts' wall seconds per sample up to the depth (every batch's time over every sample: a batch
+    is timed as a whole, so a difficulty's row has the set's figure); with a task that pools answers
+    (TaskDef.vote), `score(pred, conf)` adds its pass@k columns to each row."""
     rows = []
     steps_of = {d: s for s, d in target_steps.items()}
     for depth, parts in predictions.items():
         pred = np.concatenate([p.pred for p in parts])
         halted = np.concatenate([p.halted for p in parts])
         eff = np.concatenate([p.eff_layers for p in parts])
+        flops = np.concatenate([p.flops for p in parts]) if all(p.flops is not None for p in parts) else None
+        seconds = [p.seconds for p in parts]
+        rollout_s = sum(seconds) / len(pred) if None not in seconds else None
         pooled = score(pred, np.concatenate([p.conf for p in parts])) if score else {}
         exact, cell = accuracies(pred, data.labels)
         cycles = steps_of[depth]  # outer cycles (nested) or iterations (flat)
@@ -136,5 +147,7 @@ def depth_table(predictions: dict[int, list[DepthPrediction]], data: Split, targ
         groups += [(int(d), data.difficulty == d) for d in np.unique(data.difficulty)]
         for diff, m in groups:
             rows.append(DepthRow(depth, cycles, diff, int(m.sum()), float(exact[m].mean()), float(cell[m].mean()),
-                                 float(halted[m].mean()), float(eff[m].mean()), **pooled.get(diff, {})))
+                                 float(halted[m].mean()), float(eff[m].mean()),
+                                 flops=float(flops[m].mean()) if flops is not None else None, rollout_s=rollout_s,
+                                 **pooled.get(diff, {})))
     return rows

@@ -3,6 +3,7 @@ RolloutPlan names taken as the rollout passes it (methods.md section 6), never r
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -10,6 +11,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from study.evaluate.compute import RolloutFlops
 from study.models.reasoner import LoopState, Reasoner
 from study.tasks import Split
 
@@ -41,12 +43,15 @@ class RolloutPlan:
 
 class DepthPrediction(NamedTuple):
     """A depth prediction of one batch: per sample the prediction (B, S), whether it had halted, its executed layers,
-    its confidence (mean over cells of the top probability: what breaks ties between pooled answers)."""
+    its confidence (mean over cells of the top probability: what breaks ties between pooled answers) and its FLOPs
+    (study.evaluate.compute; None when not counted); and the batch's wall seconds from the start of its rollout."""
 
     pred: np.ndarray
     halted: np.ndarray
     eff_layers: np.ndarray
     conf: np.ndarray
+    flops: np.ndarray | None = None
+    seconds: float | None = None
 
 
 @dataclass
@@ -62,9 +67,10 @@ class _StepRecorder:
     """Called by Reasoner.rollout after every step: takes the predictions the plan names at that step."""
 
     def __init__(self, model: Reasoner, batch: Split, tokens: torch.Tensor, plan: RolloutPlan, width: int,
-                 on_step: Callable[[int], None] | None):
-        self.model, self.batch, self.tokens, self.plan, self.width, self.on_step = \
-            model, batch, tokens, plan, width, on_step
+                 on_step: Callable[[int], None] | None, flops: RolloutFlops | None):
+        self.model, self.batch, self.tokens, self.plan, self.width, self.on_step, self.flops = \
+            model, batch, tokens, plan, width, on_step, flops
+        self.started = time.perf_counter()
         self.real = (tokens != plan.pad) if plan.pad is not None else torch.ones_like(tokens, dtype=torch.bool)
         self.best_conf = torch.full((len(batch),), -1.0, device=tokens.device)
         self.best_pred = torch.zeros_like(tokens)
@@ -94,9 +100,11 @@ class _StepRecorder:
             pred = self.best_pred.clone() if plan.readout == "max_conf" else logits.argmax(-1)
             conf = self.best_conf.clone() if plan.readout == "max_conf" else self.confidence(logits)
             # int16 (every vocab fits): a prediction per depth of every test row is held until the table is built
+            eff = state.halt.eff_layers.cpu().numpy()
+            flops = self.flops.per_sample(self.tokens, eff // self.model.layers_per_step) if self.flops else None
             self.predictions[plan.target_steps[self.step]] = DepthPrediction(
                 self.full(pred.to(torch.int16).cpu().numpy()), state.halt.halted.cpu().numpy(),
-                state.halt.eff_layers.float().cpu().numpy(), conf.float().cpu().numpy())
+                eff.astype(np.float32), conf.float().cpu().numpy(), flops, time.perf_counter() - self.started)
         if traced:
             self.trace(state, logits)
         if plan.perturb_step is not None and self.step == plan.perturb_step:
@@ -129,20 +137,23 @@ class _StepRecorder:
 
 
 def rollout_batch(model: Reasoner, batch: Split, plan: RolloutPlan, device: str,
-                  on_step: Callable[[int], None] | None = None) -> BatchRollout:
+                  on_step: Callable[[int], None] | None = None, flops: RolloutFlops | None = None) -> BatchRollout:
     """Roll one batch out to plan.total_steps (Reasoner.rollout) and take every prediction the plan asks for.
 
     Columns that are padding in every sample (a batch of short strings in a test set padded to its longest) are
     cut before the rollout, so a model without positions sees each string as it would alone; predictions come
     back at full width (padding is never scored). With readout max_conf each prediction is, per sample, the
-    prediction of the most confident step so far; the trajectory (the dynamics) keeps every step's own.
+    prediction of the most confident step so far; the trajectory (the dynamics) keeps every step's own. With
+    `flops`, every depth prediction carries each sample's FLOPs up to it.
     """
     width = batch.inputs.shape[1]
     if plan.pad is not None:
         cut = max(1, int(input_widths(batch.inputs, plan.pad).max()))
         batch = Split(batch.inputs[:, :cut], batch.labels[:, :cut], batch.difficulty)
     tokens = torch.as_tensor(batch.inputs, device=device)
-    recorder = _StepRecorder(model, batch, tokens, plan, width, on_step)
+    if flops is not None:
+        flops.counts(tokens)  # counted before the clock starts
+    recorder = _StepRecorder(model, batch, tokens, plan, width, on_step, flops)
     model.rollout(tokens, plan.total_steps, on_step=recorder)
     return BatchRollout(recorder.predictions, {k: np.stack(v, 0) for k, v in recorder.part.items() if v},
                          recorder.snapshot)
