@@ -40,6 +40,7 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
 
 SEARCH_METRICS = tuple(n for n, m in METRICS.items() if m.searchable)  # sweep.optuna.metric
 SearchMetric = Literal[SEARCH_METRICS]  # type: ignore[valid-type]
+MetricName = Literal[tuple(METRICS)]  # type: ignore[valid-type]  # any trial metric (sweep.optuna.constraints)
 DEFAULT_METRIC = "final_exact_acc"
 
 # Output formats of every command that prints a table.

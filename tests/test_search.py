@@ -39,12 +39,12 @@ def journal(path):
 def test_the_search_lives_in_a_journal_in_the_results_root_and_is_continued(tmp_path):
     loc = storage_location(None, str(tmp_path), "hpo")
     assert loc == str(tmp_path / "_optuna" / "hpo.journal")
-    first = prepare(loc, "hpo", "v1", "max")
+    first = prepare(loc, "hpo", "v1", ["max"])
     assert (first.name, first.finished) == ("hpo", 0)
     ot = optuna.load_study(study_name="hpo", storage=journal(loc))
     done, orphan = ot.ask(), ot.ask()
     ot.tell(done, 0.5)  # `orphan` stays RUNNING: its driver died
-    again = prepare(loc, "hpo", "v1", "max")
+    again = prepare(loc, "hpo", "v1", ["max"])
     assert (again.name, again.finished) == ("hpo", 1)  # the orphan is FAIL, interrupted: sampled anew, not counted
     trials = {t.number: t for t in optuna.load_study(study_name="hpo", storage=journal(loc)).trials}
     assert trials[done.number].state == optuna.trial.TrialState.COMPLETE
@@ -54,8 +54,8 @@ def test_the_search_lives_in_a_journal_in_the_results_root_and_is_continued(tmp_
 
 def test_an_edited_spec_gets_its_own_optuna_study(tmp_path):
     loc = storage_location(None, str(tmp_path), "hpo")
-    prepare(loc, "hpo", "v1", "max")
-    edited = prepare(loc, "hpo", "v2", "max")
+    prepare(loc, "hpo", "v1", ["max"])
+    edited = prepare(loc, "hpo", "v2", ["max"])
     assert edited.name == "hpo.v2" and edited.finished == 0
     assert {s.study_name for s in optuna.get_all_study_summaries(journal(loc))} == {"hpo", "hpo.v2"}
 

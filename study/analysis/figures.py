@@ -8,6 +8,7 @@ eff_layers     effective layers against difficulty (halting)
 perturbation   solved puzzles kept and relative distance after a perturbation, per eps
 overthinking   exact accuracy vs depth as a multiple of training depth, with Deep Thinking's published curves
 checkpoints    accuracy vs the training step of the weights read, a line per test-time depth, a panel per setting
+pareto         accuracy vs test-time FLOPs per sample (log x), every reading with 95% CIs, the front as a line
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import polars as pl  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullFormatter  # noqa: E402
 
+from study.analysis.pareto import Frontier, pareto  # noqa: E402
 from study.analysis.published import dt_multiple, published_for, study_task  # noqa: E402
 from study.analysis.tables import (  # noqa: E402
     AnalysisError,
@@ -242,14 +244,36 @@ def fig_checkpoints(ctx: Context, ax, style: Style | None = None) -> None:
             "training step of the weights read", f"{ylabel} (mean over seeds)")
 
 
+def fig_pareto(ctx: Context, ax, style: Style | None = None) -> None:
+    """Every reading (setting x depth) at its mean FLOPs per sample and accuracy, 95% CIs over seeds both ways; the
+    front (study.analysis.pareto) joined by a step line: the best accuracy each compute buys."""
+    style = style or Style()
+    value, ylabel = ctx.headline
+    df = pareto(ctx, Frontier(value, every_point=True))
+    for (setting,), g in df.group_by("setting", maintain_order=True):
+        ax.errorbar(g["flops_mean"].to_list(), g[f"{value}_mean"].to_list(),
+                    xerr=[c or 0.0 for c in g["flops_ci95"].to_list()],
+                    yerr=[c or 0.0 for c in g[f"{value}_ci95"].to_list()], fmt="o", ms=4, capsize=2, lw=0.8,
+                    color=style.color(setting), label=setting, alpha=0.85)
+    front = df.filter(pl.col("front")).sort("flops_mean")
+    ax.step(front["flops_mean"].to_list(), front[f"{value}_mean"].to_list(), where="post", color="black", lw=1.0,
+            label="Pareto front")
+    ax.set_xscale("log")
+    ax.set_ylim(-0.02, 1.02)
+    _labels(ax, "Accuracy vs test-time compute", "FLOPs per sample (test time, log scale)",
+            f"{ylabel} (mean over seeds)")
+
+
 FIGURES: dict[str, Callable[..., None]] = {
     "depth": fig_depth, "difficulty": fig_difficulty, "gamma": fig_gamma, "score": fig_score,
     "eff_layers": fig_eff_layers, "perturbation": fig_perturbation, "overthinking": fig_overthinking,
-    "checkpoints": fig_checkpoints,
+    "checkpoints": fig_checkpoints, "pareto": fig_pareto,
 }
 # settings per panel, so that no legend has more than MAX_LEGEND entries: room for the published series (up to
-# three) beside the measured ones; one setting per perturbation panel (its lines are the perturbation sizes)
-PER_PANEL = {"perturbation": 1, "checkpoints": 1, "depth": MAX_LEGEND - 3, "overthinking": MAX_LEGEND - 3}
+# three) beside the measured ones; one setting per perturbation panel (its lines are the perturbation sizes); the
+# Pareto front is over every setting at once: one panel, whatever its legend's length
+PER_PANEL = {"perturbation": 1, "checkpoints": 1, "depth": MAX_LEGEND - 3, "overthinking": MAX_LEGEND - 3,
+             "pareto": 10**9}
 PANEL = (5.6, 4.0)  # inches per panel
 
 

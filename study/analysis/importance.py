@@ -71,7 +71,8 @@ def importance(store: Store, study: str, metric: str = DEFAULT_METRIC, evaluator
 
     if metric not in METRICS:
         raise AnalysisError(f"metric {metric!r} is not known; use one of {', '.join(METRICS)}")
-    trials = load_context(store, study, skip_bad, include_stale).trials.filter(pl.col(metric).is_not_null())
+    ctx = load_context(store, study, skip_bad, include_stale)
+    trials = ctx.trials.filter(pl.col(metric).is_not_null())
     knobs = swept_knobs(trials)
     if not knobs:
         raise AnalysisError(f"study {study!r} sweeps no knob (only seeds): there is nothing to rank")
@@ -80,7 +81,9 @@ def importance(store: Store, study: str, metric: str = DEFAULT_METRIC, evaluator
         raise AnalysisError(f"study {study!r} has {trials.height} complete trial(s) with {metric} for {len(knobs)} "
                             f"swept knob(s); a ranking needs at least {need} ({TRIALS_PER_KNOB} per knob, "
                             f"{MIN_TRIALS} at least) to mean anything: run more samples")
-    tied = confounded(trials, knobs)
+    # an Optuna search samples its knobs independently: all-distinct values pair up one to one by chance, not by design
+    searched = ctx.members is not None and ctx.members.search is not None
+    tied = [] if searched else confounded(trials, knobs)
     if tied:
         pairs = "; ".join(f"{a} and {b}" for a, b in tied)
         raise AnalysisError(f"study {study!r}: the knobs change together across its trials ({pairs}), so no "

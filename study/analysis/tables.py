@@ -274,7 +274,12 @@ def t_optuna(ctx: Context) -> pl.DataFrame:
     df = ctx.store.scan("trials", ctx.study, ctx.skip_bad).filter(pl.col("trial_id").is_in(keep)).collect()
     knobs = [c for c in varying_columns(df) if c != "label"]
     cols = ["trial_id", "status", "step", "objective", *[m for m in METRICS if df[m].is_not_null().any()], *knobs]
-    # complete trials first (objective: the study's metric), then the rest (objective: the last training signal)
+    search = ctx.members.search if ctx.members else None
+    if search is not None and search.multi:  # which complete (and feasible) trials make the search's front
+        from study.analysis.front import search_front
+
+        df, cols = search_front(df, search), [*cols, "pareto"]
+    # complete trials first (objective: the study's first metric), then the rest (objective: the last training signal)
     return df.select(cols).sort([pl.col("status") != "complete", pl.col("objective")], descending=[False, True],
                                 nulls_last=True)
 

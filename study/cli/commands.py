@@ -13,6 +13,7 @@ from pathlib import Path
 
 from study.console import eprint
 from study.errors import ConfigError
+from study.metrics import DEFAULT_METRIC
 from study.store.layout import figures_dir, weights_file
 
 
@@ -198,18 +199,29 @@ def _store(root: str):
     return Store(root).require()
 
 
-COMPARE_OPTIONS = ("baseline", "metric", "depth", "retention", "half_width")
+# the options of the tables that take their own (`table compare`, `table pareto`); the others take none of them
+KIND_OPTIONS = {"compare": ("baseline", "metric", "depth", "retention", "half_width"),
+                "pareto": ("metric", "budget", "every_point")}
+
+
+def check_kind_options(args: argparse.Namespace) -> None:
+    """An option of another table's kind is refused, naming the tables it is for."""
+    own = KIND_OPTIONS.get(args.kind, ())
+    for option in sorted({o for opts in KIND_OPTIONS.values() for o in opts} - set(own)):
+        if getattr(args, option) not in (None, False):
+            kinds = " or ".join(f"`loopstudy table {k}`" for k, opts in KIND_OPTIONS.items() if option in opts)
+            raise ConfigError(f"--{option.replace('_', '-')}: for {kinds} only")
 
 
 def cmd_table(args: argparse.Namespace) -> int:
     from study.analysis.formatting import format_table, widen
     from study.analysis.tables import build_table
 
+    check_kind_options(args)
     if args.kind == "compare":
         return cmd_compare(args)
-    given = [f"--{o.replace('_', '-')}" for o in COMPARE_OPTIONS if getattr(args, o) not in (None, False)]
-    if given:
-        raise ConfigError(f"{', '.join(given)}: for `loopstudy table compare` only")
+    if args.kind == "pareto":
+        return cmd_pareto(args)
     df = build_table(_store(args.store), args.study, args.kind, paper=args.paper, skip_bad=args.skip_bad,
                      include_stale=args.all)
     if args.wide is not None:
@@ -228,6 +240,19 @@ def cmd_compare(args: argparse.Namespace) -> int:
     ctx = load_context(_store(args.store), args.study, args.skip_bad, args.all)
     cmp = Comparison(args.baseline, args.metric or ctx.headline[0], args.depth, args.retention, args.half_width)
     print(format_table(compare(ctx, cmp), args.format))
+    return 0
+
+
+def cmd_pareto(args: argparse.Namespace) -> int:
+    from study.analysis.formatting import format_table
+    from study.analysis.pareto import Frontier, pareto
+    from study.analysis.tables import load_context
+
+    ctx = load_context(_store(args.store), args.study, args.skip_bad, args.all)
+    df = pareto(ctx, Frontier(args.metric, args.budget, args.every_point))
+    if args.budget is not None:
+        eprint(f"{args.study}: the most accurate reading within {args.budget:.4g} FLOPs per sample")
+    print(format_table(df, args.format))
     return 0
 
 
@@ -266,17 +291,25 @@ def cmd_compact(args: argparse.Namespace) -> int:
 
 
 def cmd_importance(args: argparse.Namespace) -> int:
+    import polars as pl
+
     from study.analysis.formatting import format_table
     from study.analysis.importance import importance
     from study.spec.membership import membership
 
     store = _store(args.store)
-    counts = membership(store, args.study).counts()
+    members = membership(store, args.study)
+    counts = members.counts()
     left = ", ".join(f"{counts[k]} {k}" for k in ("stopped", "running", "failed") if counts[k])
     eprint(f"{args.study}: {counts['complete']} complete trial(s)" + (f" ({left}: left out)" if left else ""))
-    df = importance(store, args.study, args.metric, args.evaluator, skip_bad=args.skip_bad, include_stale=args.all)
-    eprint(f"{args.study}: importance of each swept knob for {args.metric} ({args.evaluator}, Optuna)")
-    print(format_table(df, args.format))
+    # a search with several objectives is ranked for each of them, unless one is named
+    metrics = [args.metric] if args.metric else (members.search.metrics if members.search else [DEFAULT_METRIC])
+    frames = []
+    for metric in metrics:
+        df = importance(store, args.study, metric, args.evaluator, skip_bad=args.skip_bad, include_stale=args.all)
+        frames.append(df.select(pl.lit(metric).alias("metric"), pl.all()) if len(metrics) > 1 else df)
+    eprint(f"{args.study}: importance of each swept knob for {', '.join(metrics)} ({args.evaluator}, Optuna)")
+    print(format_table(pl.concat(frames), args.format))
     return 0
 
 

@@ -201,7 +201,7 @@ def add_tables(sub, parent: argparse.ArgumentParser) -> None:
     from study.analysis.figures import FIGURES
     from study.analysis.tables import TABLES
 
-    table_kinds, figure_kinds = [*TABLES, "compare"], [*FIGURES, "all"]
+    table_kinds, figure_kinds = [*TABLES, "compare", "pareto"], [*FIGURES, "all"]
     tb = sub.add_parser("table", parents=[parent], help="an ablation table from stored Parquet",
                         description="An ablation table, aggregated over seeds (mean, std, n, 95% CI).")
     tb.add_argument("kind", metavar="KIND", help=f"one of: {', '.join(table_kinds)}")
@@ -213,6 +213,7 @@ def add_tables(sub, parent: argparse.ArgumentParser) -> None:
                     help="one column per setting with METRIC's 'mean ± 95%% CI' over seeds (default: the table's "
                          "first metric: exact_acc, or pass@2 per puzzle for ARC)")
     add_compare(tb)
+    add_pareto(tb)
     tb.set_defaults(func=cmd.cmd_table)
 
 
@@ -257,8 +258,9 @@ def add_upkeep(sub, parent: argparse.ArgumentParser) -> None:
                                     "importance evaluators over the stored trials (fANOVA by default).")
     add_study(im, positional=True)
     add_all(im)
-    im.add_argument("--metric", default=DEFAULT_METRIC, choices=list(METRICS),
-                    help="the trial metric to explain (default: %(default)s)")
+    im.add_argument("--metric", default=None, choices=list(METRICS),
+                    help=f"the trial metric to explain (default: each objective of the study's Optuna search, or "
+                         f"{DEFAULT_METRIC})")
     im.add_argument("--evaluator", default="fanova", choices=["fanova", "ped_anova", "mdi"],
                     help="Optuna's importance evaluator (default: %(default)s)")
     add_format(im)
@@ -295,14 +297,24 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def add_pareto(tb: argparse.ArgumentParser) -> None:
+    """`table pareto`'s options (its --metric is table compare's: the accuracy column to read)."""
+    g = tb.add_argument_group("table pareto", "accuracy against test-time FLOPs per sample over every reading "
+                              "(setting x depth, mean and 95%% CI over seeds): the readings no other beats on both")
+    g.add_argument("--budget", type=float, metavar="FLOPS", help="the most accurate reading that costs at most FLOPS "
+                   "per sample (e.g. 2e8)")
+    g.add_argument("--every-point", action="store_true", help="every reading, with a `front` column, not the front "
+                   "only")
+
+
 def add_compare(tb: argparse.ArgumentParser) -> None:
     """`table compare`'s options: each setting against a baseline, paired by seed."""
     g = tb.add_argument_group("table compare", "each setting minus a baseline setting, paired by seed: mean, 95% CI "
                               "(t over the pairs), paired t-test p, Holm-corrected p")
     g.add_argument("--baseline", metavar="SETTING", help="the setting (as the tables name it) the others are compared "
                    "with")
-    g.add_argument("--metric", metavar="M", help="a depth_eval column (exact_acc, cell_acc, eff_layers, ...) or a "
-                   "trial metric (final_exact_acc, ...); default: the study's headline accuracy")
+    g.add_argument("--metric", metavar="M", help="a depth_eval column (exact_acc, cell_acc, eff_layers, ...) or, "
+                   "for compare, a trial metric (final_exact_acc, ...); default: the study's headline accuracy")
     which = g.add_mutually_exclusive_group()
     which.add_argument("--depth", type=int, metavar="LAYERS", help="read M at this depth (default: each trial's "
                        "deepest reading)")

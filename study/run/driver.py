@@ -84,7 +84,7 @@ def save_spec(store: Store, study: Study) -> None:
 
 def optuna_study(study: Study, root: str) -> OptunaStudy:
     """The search's Optuna study (created if new) and how many samples it has finished (study.run.optuna_storage)."""
-    return prepare(study.optuna_storage(root), study.name, study.spec_hash, study.spec.sweep.optuna.mode)
+    return prepare(study.optuna_storage(root), study.name, study.spec_hash, study.spec.sweep.optuna.modes)
 
 
 # -- run ---------------------------------------------------------------------------------------------------------------

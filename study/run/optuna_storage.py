@@ -54,6 +54,11 @@ def unopenable(location: str, e: Exception) -> ConfigError:
                        "folder) exists and can be reached")
 
 
+def directions(mode: str) -> str:
+    """Optuna's word for a spec's mode."""
+    return "maximize" if mode == "max" else "minimize"
+
+
 @dataclass(frozen=True)
 class OptunaStudy:
     """Where a search's Optuna study is, its name for this spec version, and how many samples it has finished."""
@@ -63,7 +68,7 @@ class OptunaStudy:
     finished: int
 
 
-def prepare(location: str, study: str, spec_hash: str, mode: str) -> OptunaStudy:
+def prepare(location: str, study: str, spec_hash: str, modes: list[str]) -> OptunaStudy:
     """Create (or find) the Optuna study of this spec version, for a driver about to run the search (holding the
     study's lease). Trials left RUNNING by a driver that died are marked FAIL with user attribute `interrupted`:
     one driver runs a study at a time, so none of them is running; they do not count as finished samples."""
@@ -79,7 +84,7 @@ def prepare(location: str, study: str, spec_hash: str, mode: str) -> OptunaStudy
     if name in existing and existing[name].user_attrs.get("spec_hash") not in (None, spec_hash):
         name = f"{study}.{spec_hash}"  # the spec changed: its own search, as its trials are its own members
     ot = optuna.create_study(storage=storage, study_name=name, load_if_exists=True,
-                             direction="maximize" if mode == "max" else "minimize")
+                             directions=[directions(m) for m in modes])
     ot.set_user_attr("spec_hash", spec_hash)
     ot.set_user_attr("loopstudy_study", study)
     study_id = storage.get_study_id_from_name(name)

@@ -1,16 +1,20 @@
 """Ray Tune's OptunaSearch over the study's Optuna storage (study/run/optuna_storage.py), told the truth about
 early-stopped trials: a trial that the scheduler (ASHA) ended before its final report is PRUNED in the Optuna
-study, with its last reported value, not COMPLETE with a training accuracy passed off as the study's metric."""
+study, with its last reported value, not COMPLETE with a training accuracy passed off as the study's metric.
+The spec's sampler (TPE, NSGA-II or GP, one objective or several) and its constraints, each told to Optuna with
+`Trial.set_constraint` before the trial's values, so its samplers prefer the trials that meet them."""
 
 from __future__ import annotations
 
 from ray.tune.search.optuna import OptunaSearch
 
 from study.run.optuna_storage import OptunaStudy, open_storage
+from study.spec.schema import Limit, OptunaSpec
 
 
 class StoppedIsPruned(OptunaSearch):
-    def __init__(self, *args, storage=None, study_name: str = "optuna", **kwargs):
+    def __init__(self, *args, storage=None, study_name: str = "optuna", constraints: dict[str, Limit] | None = None,
+                 **kwargs):
         import optuna
 
         # our own handle on the storage (an in-memory one when none is given), to read trials back publicly
@@ -18,6 +22,7 @@ class StoppedIsPruned(OptunaSearch):
         super().__init__(*args, storage=storage, study_name=study_name, **kwargs)
         self.optuna_storage, self.optuna_study_name = storage, study_name
         self._storage_ids: dict[int, int] = {}  # Optuna trial number -> its id in the storage, looked up once
+        self.constraints = constraints or {}
 
     def _finished(self, trial_id: str) -> bool:
         """Whether the Optuna trial behind a Tune trial has finished in the storage already: a resumed driver's
@@ -47,9 +52,24 @@ class StoppedIsPruned(OptunaSearch):
             ot_trial.set_user_attr("loopstudy_trial_id", result["trial"])
         if result is not None and not error and not result.get("final"):
             result = None  # OptunaSearch tells a trial without a value as PRUNED
+        if result is not None and ot_trial is not None:
+            for metric, limit in self.constraints.items():
+                if result.get(metric) is not None:
+                    ot_trial.set_constraint(metric, limit.violation(float(result[metric])))
         super().on_trial_complete(trial_id, result, error)
 
 
-def searcher(ot: OptunaStudy, seed: int) -> StoppedIsPruned:
-    """Tune's searcher over the search's Optuna study (Tune pickles it, storage and all, for resume)."""
-    return StoppedIsPruned(storage=open_storage(ot.location), study_name=ot.name, seed=seed)
+def sampler(name: str, seed: int):
+    """The spec's Optuna sampler, seeded."""
+    import optuna
+
+    return {"tpe": optuna.samplers.TPESampler, "nsga2": optuna.samplers.NSGAIISampler,
+            "gp": optuna.samplers.GPSampler}[name](seed=seed)
+
+
+def searcher(ot: OptunaStudy, seed: int, spec: OptunaSpec) -> StoppedIsPruned:
+    """Tune's searcher over the search's Optuna study (Tune pickles it, storage and all, for resume). One objective:
+    Tune's `objective` (its TuneConfig sets it); several: the searcher holds the metrics and their modes."""
+    objectives = {"metric": spec.metrics, "mode": spec.modes} if spec.multi else {}
+    return StoppedIsPruned(storage=open_storage(ot.location), study_name=ot.name, sampler=sampler(spec.sampler, seed),
+                           constraints=spec.constraints, **objectives)

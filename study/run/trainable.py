@@ -7,7 +7,9 @@ batch's cell accuracy while training (exact accuracy is 0 for every trial early 
 by it) and the spec's final metric at the end (OptunaSearch and ASHA need it in
 every report); `step` is the training step, ASHA's time (checkpoint and evaluation reports repeat it, so they
 never advance a rung); `final` marks the last report of a trial that completed (one without it was stopped);
-`phase` and `progress` feed the driver's status lines.
+`phase` and `progress` feed the driver's status lines. A search with several objectives gets each of them in every
+report (None until the last: Tune checks that every report names what the searcher reads; its searcher reads only
+the last).
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ class TuneSession:
     """Everything one trial says to Tune: training logs, evaluation progress, checkpoints and the last report;
     and resuming from Tune's checkpoint after a lost node."""
 
-    def __init__(self, tid: str, node: str, steps: int):
+    def __init__(self, tid: str, node: str, steps: int, objectives: list[str] = ()):
         self.tid, self.node, self.steps = tid, node, max(1, steps)
+        self.pending = dict.fromkeys(objectives)  # every objective, None until the final report
         self.last = {"train_exact_acc": 0.0, "train_cell_acc": 0.0, "train_loss": float("nan"), "lr": 0.0, "step": 0}
         self.next_eval_report = time.monotonic() + EVAL_REPORT_S
 
@@ -41,7 +44,8 @@ class TuneSession:
         from ray import tune
 
         # our trial id as `trial`: Tune fills `trial_id` in every result with its own
-        tune.report({"trial": self.tid, "objective": objective, "node": self.node, **self.last, **extra},
+        tune.report({"trial": self.tid, "objective": objective, "node": self.node, **self.pending, **self.last,
+                     **extra},
                     checkpoint=checkpoint)
 
     def on_log(self, log) -> None:
@@ -123,14 +127,14 @@ def trainable(config: dict[str, Any]) -> None:
     node = ray.get_runtime_context().get_node_id()
     context = TrialContext(store, study_name, node, metric, config.get("spec_hash"))
     if work.train is None:  # every reading is of weights stored by an earlier trial
-        session = TuneSession(work.readings[0].tid, node, 1)
+        session = TuneSession(work.readings[0].tid, node, 1, config.get("objectives", []))
         evaluate_stored(work.weights_of, work.readings, context=context,
                         hooks=TrialHooks(on_eval_progress=session.on_eval_progress))
         stored = stored_metrics(store, study_name, work.readings[0].tid)
         session.report(stored[metric], final=1, **stored)
         return
     tid = trial_id(cfg)
-    session = TuneSession(tid, node, cfg.train.steps)
+    session = TuneSession(tid, node, cfg.train.steps, config.get("objectives", []))
     if store.is_complete(study_name, tid):  # e.g. two Optuna samples that resolve to the same config
         if work.readings:  # trained by an earlier attempt whose readings did not all finish
             evaluate_stored(tid, work.readings, context=context,

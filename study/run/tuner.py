@@ -25,7 +25,8 @@ def param_space(study: Study, root: str, work: list[WorkItem], threads: int) -> 
 
     spec, sweep = study.spec, study.spec.sweep
     common = {"store": root, "study": spec.name, "threads": threads, "spec_hash": study.spec_hash,
-              "metric": sweep.optuna.metric if sweep.optuna else DEFAULT_METRIC}
+              "metric": sweep.optuna.metrics[0] if sweep.optuna else DEFAULT_METRIC,
+              "objectives": sweep.optuna.metrics if sweep.optuna and sweep.optuna.multi else []}
     if sweep.optuna is not None:
         space = {}
         for key, p in sweep.optuna.space.items():
@@ -52,12 +53,12 @@ def build_tuner(study: Study, root: str, work: list[WorkItem], threads: int, sea
     from study.run.trainable import trainable  # torch: imported when a driver builds its Tuner, not before
 
     spec, sweep = study.spec, study.spec.sweep
-    mode = sweep.optuna.mode if sweep.optuna else "max"
+    mode = sweep.optuna.modes[0] if sweep.optuna else "max"
     search_alg, num_samples, scheduler = None, 1, None
     if search is not None:
         from study.run.search import searcher
 
-        search_alg = searcher(search, sweep.seeds[0])
+        search_alg = searcher(search, sweep.seeds[0], sweep.optuna)
         num_samples = sweep.optuna.num_samples - search.finished
     if sweep.asha is not None and not evaluate:
         from ray.tune.schedulers import ASHAScheduler
@@ -81,7 +82,10 @@ def build_tuner(study: Study, root: str, work: list[WorkItem], threads: int, sea
     tuner = tune.Tuner(
         tune.with_resources(trainable, resources),
         param_space=param_space(study, root, work, threads),
-        tune_config=tune.TuneConfig(metric="objective", mode=mode, search_alg=search_alg, scheduler=scheduler,
+        # several objectives: the searcher holds them, and Tune's own metric and mode stay unset, as Tune asks
+        tune_config=tune.TuneConfig(**({} if search is not None and sweep.optuna.multi else
+                                       {"metric": "objective", "mode": mode}),
+                                    search_alg=search_alg, scheduler=scheduler,
                                     num_samples=num_samples, max_concurrent_trials=sweep.max_concurrent or None,
                                     reuse_actors=True, **names),  # a fresh worker process per trial costs seconds
         run_config=tune.RunConfig(

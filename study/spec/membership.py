@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from study.config import trial_id
 from study.errors import ConfigError
 from study.rows import STATUSES
+from study.spec.schema import OptunaSpec
 from study.store import TABLES, Store
 from study.store.layout import file_trial_id, spec_file
 
@@ -33,6 +34,7 @@ class Membership:
     study: str
     status: dict[str, str] = field(default_factory=dict)
     optuna_samples: int | None = None  # an Optuna search: how many samples its spec asks for
+    search: OptunaSpec | None = None  # an Optuna search: its objectives, modes and constraints
     note: str | None = None  # how membership was decided, when not by the spec's resolved trials
     evaluations: set[str] = field(default_factory=set)  # members added by `loopstudy evaluate` (not the spec's)
 
@@ -91,6 +93,7 @@ def membership(store: Store, study: str) -> Membership:
         return out
     if saved.is_optuna:
         out.optuna_samples = saved.spec.sweep.optuna.num_samples
+        out.search = saved.spec.sweep.optuna
         out.status = by_version(states, hashes, saved.spec_hash)
         out.evaluations = {t for t in out.members if weights_of.get(t)}
         return out

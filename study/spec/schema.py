@@ -10,7 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 from study.errors import ConfigError
-from study.metrics import DEFAULT_METRIC, SearchMetric
+from study.metrics import DEFAULT_METRIC, MetricName, SearchMetric
 from study.store.names import check_study_name
 
 
@@ -34,12 +34,74 @@ class OptunaParam(Strict):
             raise ValueError(f"sweep.optuna.space.{key}: loguniform needs low > 0")
 
 
+Mode = Literal["max", "min"]
+SAMPLERS = ("tpe", "nsga2", "gp")  # Optuna's TPESampler, NSGAIISampler, GPSampler: each takes one or more objectives
+
+
+class Limit(Strict):
+    """A constraint on a trial metric: feasible when min <= value <= max (either end may be left open)."""
+
+    min: float | None = None
+    max: float | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> Limit:
+        if self.min is None and self.max is None:
+            raise ValueError("a constraint needs min, max or both, e.g. {min: 0.9}")
+        if self.min is not None and self.max is not None and not self.min <= self.max:
+            raise ValueError(f"min {self.min} > max {self.max}: no trial could satisfy it")
+        return self
+
+    def violation(self, value: float) -> float:
+        """Optuna's constraint value (feasible when <= 0): how far `value` is outside [min, max]."""
+        return max(self.min - value if self.min is not None else -math.inf,
+                   value - self.max if self.max is not None else -math.inf)
+
+
 class OptunaSpec(Strict):
-    metric: SearchMetric = DEFAULT_METRIC
-    mode: Literal["max", "min"] = "max"
+    """An Optuna search. One objective (`metric: final_exact_acc`, `mode: max`) or several, in Ray Tune's
+    convention: `metric` and `mode` as lists of the same length (`[final_exact_acc, final_flops]`, `[max, min]`).
+    `sampler`: tpe (default), nsga2 or gp. `constraints`: metric -> {min, max}; Optuna's samplers prefer trials
+    that meet them (`Trial.set_constraint`), and the Pareto front counts only those."""
+
+    metric: list[SearchMetric] = [DEFAULT_METRIC]  # a single name is read as a list of one
+    mode: list[Mode] = ["max"]
+    sampler: Literal[SAMPLERS] = "tpe"  # type: ignore[valid-type]
+    constraints: dict[MetricName, Limit] = {}  # type: ignore[valid-type]
     num_samples: int = 8
     space: dict[str, OptunaParam]
     storage: str | None = None  # the Optuna study's storage: a journal file or an RDB URL (study/run/optuna_storage.py)
+
+    @field_validator("metric", "mode", mode="before")
+    @classmethod
+    def _one_or_more(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else v
+
+    @property
+    def metrics(self) -> list[str]:
+        """The objectives, first the one progress lines and the trials table's `objective` show."""
+        return list(self.metric)
+
+    @property
+    def modes(self) -> list[str]:
+        return list(self.mode)
+
+    @property
+    def multi(self) -> bool:
+        return len(self.metrics) > 1
+
+    @model_validator(mode="after")
+    def _objectives(self) -> OptunaSpec:
+        metrics, modes = self.metrics, self.modes
+        if not metrics:
+            raise ValueError("metric: give at least one objective")
+        if len(metrics) != len(modes):
+            raise ValueError(f"metric {metrics} and mode {modes} must match one to one ({len(metrics)} metric(s), "
+                             f"{len(modes)} mode(s)), e.g. metric: [final_exact_acc, final_flops], mode: [max, min]")
+        twice = sorted({m for m in metrics if metrics.count(m) > 1})
+        if twice:
+            raise ValueError(f"metric {twice[0]} is given twice: each objective once")
+        return self
 
     @field_validator("num_samples")
     @classmethod
@@ -83,6 +145,13 @@ class SweepSpec(Strict):
     asha: AshaSpec | None = None
     max_concurrent: int = 0
     max_failures: int = 2  # retries of a trial whose worker or node died (resumes from its last checkpoint)
+
+    @model_validator(mode="after")
+    def _asha_objectives(self) -> SweepSpec:
+        if self.asha is not None and self.optuna is not None and self.optuna.multi:
+            raise ValueError("asha with several objectives: ASHA stops trials by one ranking and a Pareto search "
+                             "has none; remove sweep.asha or search one metric")
+        return self
 
     @field_validator("seeds")
     @classmethod

@@ -206,7 +206,10 @@ def study_from_data(data: dict[str, Any], source: str) -> Study:
         checked = [build_trial(_with(base, {**sample, "seed": sweep.seeds[0]}, source),
                                f"{source} (optuna space point {sample})") for sample in samples]
         check_data(checked, source)
-        check_metric_applies(sweep.optuna.metric, checked, source)
+        for metric in sweep.optuna.metrics:
+            check_metric_applies(metric, checked, source)
+        for metric in sweep.optuna.constraints:
+            check_metric_applies(metric, checked, source, "sweep.optuna.constraints")
         return study
     seen = set()
     points = grid_points(sweep)
@@ -226,13 +229,14 @@ def study_from_data(data: dict[str, Any], source: str) -> Study:
     return study
 
 
-def check_metric_applies(metric: str, configs: list[TrialConfig], source: str) -> None:
-    """A search's metric must be one every trial reports (ARC's pass@2 exists for task arc only)."""
+def check_metric_applies(metric: str, configs: list[TrialConfig], source: str, key: str = "sweep.optuna.metric",
+                         ) -> None:
+    """A search's objective or constraint must be one every trial reports (ARC's pass@2 exists for task arc only)."""
     task = METRICS[metric].task
     other = next((c.task.name for c in configs if task and c.task.name != task), None)
     if other:
-        raise ConfigError(f"{source}: sweep.optuna.metric {metric} is task {task}'s only; this search's task is "
-                          f"{other!r}: use {DEFAULT_METRIC}")
+        raise ConfigError(f"{source}: {key} {metric} is task {task}'s only; this search's task is "
+                          f"{other!r}: no trial would report it (use {DEFAULT_METRIC})")
 
 
 def check_sweep_reads(points: list[dict[str, Any]], configs: list[TrialConfig], source: str) -> None:
