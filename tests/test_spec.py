@@ -16,7 +16,8 @@ SPECS = sorted((REPO / "search_spaces").rglob("*.yaml"))
 
 def test_the_mission_sweeps_and_their_paper_twins_ship():
     names = {p.relative_to(REPO / "search_spaces").as_posix() for p in SPECS}
-    for n in ("smoke", "beta_init", "residual_scaling", "halting", "axis_placement", "depth_scaling", "optuna_hpo"):
+    for n in ("smoke", "beta_init", "residual_scaling", "halting", "axis_placement", "depth_scaling", "optuna_hpo",
+              "pareto_search"):
         assert f"{n}.yaml" in names and f"paper/{n}.yaml" in names
 
 

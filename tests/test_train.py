@@ -76,7 +76,8 @@ def test_a_resampled_complete_trial_reports_its_stored_value_of_every_metric(tmp
 
     store = Store(tmp_path)
     write_trial(store, "s", "t1")
-    stored = {"final_exact_acc": 0.5, "best_exact_acc": 0.75, "final_cell_acc": 0.875, "final_train_loss": 0.125}
+    stored = {"final_exact_acc": 0.5, "best_exact_acc": 0.75, "final_cell_acc": 0.875, "final_train_loss": 0.125,
+              "final_flops": 4096.0}
     store.write("trials", "s", "t1", [{**SAMPLES["trials"][0], **stored}])
     assert {k for k, m in METRICS.items() if m.every_task} == set(stored)  # (final_pass_at_2: ARC's only)
     assert stored_metrics(store, "s", "t1")[metric] == stored[metric]

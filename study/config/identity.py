@@ -25,6 +25,7 @@ ADDED_LATER: dict[tuple[str, str], Any] = {
     ("model", "recall"): True, ("model", "pos"): "learned", ("train", "progressive"): 0.0,
     ("task", "min_length"): None, ("task", "test_lengths"): None, ("task", "test_size"): None,
     ("task", "dataset"): None, ("task", "n_aug"): None, ("task", "puzzle_embedding"): None,
+    ("train", "puzzle_optimizer"): "sign_sgd", ("train", "puzzle_lr"): 1e-2, ("train", "puzzle_weight_decay"): 0.1,
 }
 
 

@@ -168,6 +168,11 @@ class TrainConfig:
     # --checkpoints`; 0: only the final weights
     keep_checkpoints: Annotated[int, Bound(ge=0)] = 0
     progressive: Annotated[float, Bound(ge=0, le=1)] = 0.0
+    # ARC's puzzle embedding (study/trial/puzzle_optim.py): TRM's sparse sign-SGD (lr 1e-2, weight decay 0.1) on
+    # the rows a batch used, or AdamW in a group of its own; puzzle_lr is the peak of the model's warmup schedule
+    puzzle_optimizer: Literal["sign_sgd", "adamw"] = "sign_sgd"
+    puzzle_lr: Annotated[float, Bound(gt=0)] = 1e-2
+    puzzle_weight_decay: Annotated[float, Bound(ge=0)] = 0.1
 
     def __post_init__(self):
         check_bounds("train", self)

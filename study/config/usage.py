@@ -43,6 +43,8 @@ HALTING = _when(halting_anywhere, "halting is off (model.halting.enabled and eva
 EVAL_HALTING = _when(lambda c: eval_halting(c) or uses(c, "damped"),
                      "the evaluation neither halts (eval.halting / model.halting.enabled) nor damps")
 NESTED = _when(lambda c: c.model.kind == "nested", "model.kind is flat (one loop, no inner cycles)")
+PUZZLES = _when(lambda c: "puzzle_embedding" in TASKS[c.task.name].reads,
+                "the task has no puzzle embedding (task arc has)")
 PERTURB = _when(lambda c: c.eval.perturb_update is not None, "eval.perturb_update is not set (no perturbation test)")
 
 READ_WHEN: dict[str, Callable[[TrialConfig], str | None]] = {
@@ -76,6 +78,9 @@ READ_WHEN: dict[str, Callable[[TrialConfig], str | None]] = {
     "eval.perturb_eps": PERTURB,
     "eval.perturb_updates": PERTURB,
     "eval.perturb_n": PERTURB,
+    "train.puzzle_optimizer": PUZZLES,
+    "train.puzzle_lr": PUZZLES,
+    "train.puzzle_weight_decay": PUZZLES,
 }
 
 ALWAYS_READ = frozenset({

@@ -1,4 +1,5 @@
-"""Training (methods.md section 5): deep supervision, truncated BPTT, AdamW with warmup, EMA, checkpoints.
+"""Training (methods.md section 5): deep supervision, truncated BPTT, AdamW with warmup (ARC's puzzle embedding:
+its own optimizer, study.trial.puzzle_optim), EMA, checkpoints.
 
 Each batch is supervised `n_sup` times: one update (H steps, gradient through the last `grad_steps`), a loss on
 the logits, one optimizer step, then the loop state is detached and carried into the next update. Deep Thinking's
@@ -27,6 +28,7 @@ from study.paths import atomic_target
 from study.rows import TrainLog
 from study.tasks import IGNORE, Split, accuracies
 from study.tasks.loader import Task
+from study.trial.puzzle_optim import optimizers
 
 
 def stablemax_log_probs(logits: torch.Tensor) -> torch.Tensor:
@@ -89,7 +91,8 @@ class Trainer:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         self.model.to(self.device)
-        self.opt = torch.optim.AdamW(model.param_groups(cfg.weight_decay), lr=cfg.lr, betas=cfg.betas)
+        self.opt, self.puzzle_opt = optimizers(model, cfg)  # ARC's puzzle embedding has its own (puzzle_optim.py)
+        self.clipped = [p for g in self.opt.param_groups for p in g["params"]]
         self.ema = EMA(model, cfg.ema)
         self.data_rng = np.random.default_rng(seed)
         self.step = 0
@@ -100,6 +103,7 @@ class Trainer:
     def state_dict(self) -> dict:
         return {
             "model": self.model.state_dict(), "opt": self.opt.state_dict(), "ema": self.ema.shadow,
+            "puzzle_opt": self.puzzle_opt.state_dict() if self.puzzle_opt else None,
             "data_rng": self.data_rng.bit_generator.state, "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
             "numpy_rng": np.random.get_state(), "python_rng": random.getstate(),
@@ -109,6 +113,8 @@ class Trainer:
     def load_state_dict(self, sd: dict) -> None:
         self.model.load_state_dict(sd["model"])
         self.opt.load_state_dict(sd["opt"])
+        if self.puzzle_opt is not None and sd.get("puzzle_opt") is not None:
+            self.puzzle_opt.load_state_dict(sd["puzzle_opt"])
         self.ema.shadow = {k: v.to(self.device) for k, v in sd["ema"].items()}
         self.data_rng.bit_generator.state = sd["data_rng"]
         torch.set_rng_state(sd["torch_rng"])
@@ -147,6 +153,9 @@ class Trainer:
                 break
             for g in self.opt.param_groups:
                 g["lr"] = lr_at(cfg, self.step)
+            if self.puzzle_opt is not None:  # the same warmup, from its own peak
+                for g in self.puzzle_opt.param_groups:
+                    g["lr"] = cfg.puzzle_lr * lr_at(cfg, self.step) / cfg.lr
             with autocast(cfg):
                 x = model.embed(tokens)
                 state = model.init_state(x) if state is None else state.detach()
@@ -161,10 +170,14 @@ class Trainer:
                                     f"{lr_at(cfg, self.step):.3g}): training diverged, so the trial stores no "
                                     "results. Lower train.lr, or clip gradients (train.grad_clip)")
             self.opt.zero_grad(set_to_none=True)
+            if self.puzzle_opt is not None:
+                self.puzzle_opt.zero_grad(set_to_none=True)
             loss.backward()
-            if cfg.grad_clip:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            if cfg.grad_clip:  # the model's parameters (sign-SGD does not see a gradient's scale)
+                torch.nn.utils.clip_grad_norm_(self.clipped, cfg.grad_clip)
             self.opt.step()
+            if self.puzzle_opt is not None:
+                self.puzzle_opt.step()
             self.ema.update(model)
             self.step += 1
             losses.append(float(loss.detach()))
