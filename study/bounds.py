@@ -31,6 +31,26 @@ class Bound:
     lt: float | None = None
     most: int | None = None
 
+    def __get_pydantic_json_schema__(self, core_schema, handler) -> dict:
+        """The range in a field's JSON Schema (the spec schema an editor validates with): on the number, or on every
+        number of a list or tuple."""
+        schema = handler(core_schema)
+        limits = {k: v for k, v in (("minimum", self.ge), ("exclusiveMinimum", self.gt), ("maximum", self.le),
+                                    ("exclusiveMaximum", self.lt)) if v is not None}
+        if self.most is not None:
+            limits.setdefault("maximum", self.most)
+
+        def put(node: Any) -> None:
+            if isinstance(node, dict):
+                if node.get("type") in ("integer", "number"):
+                    node.update(limits)
+                for key in ("items", "prefixItems", "anyOf"):
+                    for child in node.get(key, []) if isinstance(node.get(key), list) else [node.get(key)]:
+                        put(child)
+
+        put(schema)
+        return schema
+
     def allows(self, v: float) -> bool:
         return ((self.ge is None or v >= self.ge) and (self.gt is None or v > self.gt)
                 and (self.le is None or v <= self.le) and (self.lt is None or v < self.lt))

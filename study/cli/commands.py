@@ -322,6 +322,13 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_schema(args: argparse.Namespace) -> int:
+    from study.spec.json_schema import schema_text
+
+    print(schema_text(), end="")
+    return 0
+
+
 def cmd_ls(args: argparse.Namespace) -> int:
     from study.analysis.formatting import format_table
     from study.analysis.tables import list_studies

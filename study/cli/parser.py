@@ -278,6 +278,13 @@ def add_upkeep(sub, parent: argparse.ArgumentParser) -> None:
     ls = sub.add_parser("ls", parents=[parent], help="studies in the store, with completeness")
     ls.set_defaults(func=cmd.cmd_ls)
 
+    sc = sub.add_parser("schema", help="print the JSON Schema of spec files (editors validate and complete keys)",
+                        description="Print the JSON Schema of a study spec, generated from the models that check one "
+                                    "(the package ships it as study/spec/spec.schema.json). Name it on a spec's first "
+                                    "line, `# yaml-language-server: $schema=PATH`, and an editor with the YAML "
+                                    "language server validates and completes keys while you type.")
+    sc.set_defaults(func=cmd.cmd_schema)
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(

@@ -5,12 +5,12 @@ expanding a spec into trials is study/spec/study.py."""
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, WithJsonSchema, field_validator, model_validator
 
 from study.errors import ConfigError
-from study.metrics import DEFAULT_METRIC, MetricName, SearchMetric
+from study.metrics import DEFAULT_METRIC, SEARCH_METRICS, MetricName, SearchMetric
 from study.store.names import check_study_name
 
 
@@ -35,6 +35,12 @@ class OptunaParam(Strict):
 
 
 Mode = Literal["max", "min"]
+
+
+def one_or_more(allowed: tuple[str, ...]) -> WithJsonSchema:
+    """The JSON Schema of a field that takes one name or a list of them (read as a list: OptunaSpec._one_or_more)."""
+    one = {"enum": list(allowed), "type": "string"}
+    return WithJsonSchema({"anyOf": [one, {"items": one, "minItems": 1, "type": "array"}]})
 SAMPLERS = ("tpe", "nsga2", "gp")  # Optuna's TPESampler, NSGAIISampler, GPSampler: each takes one or more objectives
 
 
@@ -64,8 +70,8 @@ class OptunaSpec(Strict):
     `sampler`: tpe (default), nsga2 or gp. `constraints`: metric -> {min, max}; Optuna's samplers prefer trials
     that meet them (`Trial.set_constraint`), and the Pareto front counts only those."""
 
-    metric: list[SearchMetric] = [DEFAULT_METRIC]  # a single name is read as a list of one
-    mode: list[Mode] = ["max"]
+    metric: Annotated[list[SearchMetric], one_or_more(SEARCH_METRICS)] = [DEFAULT_METRIC]  # a name: a list of one
+    mode: Annotated[list[Mode], one_or_more(("max", "min"))] = ["max"]
     sampler: Literal[SAMPLERS] = "tpe"  # type: ignore[valid-type]
     constraints: dict[MetricName, Limit] = {}  # type: ignore[valid-type]
     num_samples: int = 8
