@@ -119,3 +119,12 @@ def test_bad_multi_objective_specs_are_refused_in_one_line(overrides, needle):
     with pytest.raises(ConfigError) as err:
         load_study(REPO / "search_spaces" / "pareto_search.yaml", overrides)
     assert needle in str(err.value) and len(str(err.value).splitlines()) == 1, str(err.value)
+
+
+def test_the_report_and_the_python_api_show_the_front_and_the_paired_comparisons(ctx, tmp_path):
+    from study.analysis.report import report
+    from study.analysis.results import open_results
+
+    page = report(ctx.store, "front", tmp_path / "r.html").read_text()
+    assert 'id="pareto"' in page and 'id="compare-1"' in page and "Baseline <code>rule=carry_last</code>" in page
+    assert open_results(ctx.store.uri).pareto("front").equals(pareto(ctx))

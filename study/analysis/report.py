@@ -2,9 +2,11 @@
 
 The page opens with a summary (what was swept, how many trials are complete / stopped / stale, the headline
 table), then every table that applies to the study (with the papers' rows of the same task beside the measured
-ones), every figure that applies (full width, PNG inlined as data: URIs, so the file can be mailed or archived on
-its own; each links to its PNG beside the report to open large), the spec the study was run with and each trial's
-config and summary. Written beside the study's figures by default. No scripts, no external resources.
+ones), the comparisons paired by seed against the first setting (when settings share two or more seeds), the
+accuracy-compute front (when readings carry FLOPs), every figure that applies (full width, PNG inlined as data:
+URIs, so the file can be mailed or archived on its own; each links to its PNG beside the report to open large),
+the spec the study was run with and each trial's config and summary. Written beside the study's figures by
+default. No scripts, no external resources.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import polars as pl
+import yaml
 
 from study.analysis.figures import plot
 from study.analysis.formatting import _cell
@@ -64,6 +67,43 @@ def summary_section(store: Store, study: str, ctx, headline: str) -> str:
     return f'<table class="summary" id="summary-table"><tbody>{table}</tbody></table>{headline}'
 
 
+def comparisons_section(ctx) -> str:
+    """Each setting against the first (the spec's first variant, else the first by name), paired by seed: the
+    headline accuracy at each trial's deepest reading and, for readings past 10x the training depth, retention."""
+    from study.analysis.compare import Comparison, compare
+    from study.analysis.tables import retention_per_trial
+
+    settings = ctx.trials["setting"].unique().to_list()
+    seeds = ctx.trials["seed"].n_unique() if "seed" in ctx.trials.columns else 1
+    if len(settings) < 2 or seeds < 2:
+        return ""
+    spec = yaml.safe_load(ctx.store.get_text(spec_file(ctx.study)) or "{}") or {}
+    variants = [str(v.get("name")) for v in (spec.get("sweep") or {}).get("variants") or [] if isinstance(v, dict)]
+    baseline = next((v for v in variants if v in settings), sorted(settings)[0])
+    metric = ctx.headline[0]
+    parts = [f"<p>Baseline <code>{html.escape(baseline)}</code>; each row is a setting minus the baseline at the "
+             f"same seed (95% CI: t over the pairs; p: paired t-test, Holm-corrected).</p>"]
+    for title, cmp in ((f"{metric} at each trial's deepest reading", Comparison(baseline, metric)),
+                       ("retention at 10x the training depth", Comparison(baseline, metric, retention=True))):
+        if cmp.retention and not retention_per_trial(ctx).select(pl.col("at_10x").is_not_null().all()).collect().item():
+            continue  # some trial has no reading at 10x its training depth
+        try:
+            parts.append(f"<h3>{html.escape(title)}</h3>" + html_table(compare(ctx, cmp), f"compare-{len(parts)}"))
+        except AnalysisError:
+            continue
+    return "".join(parts) if len(parts) > 1 else ""
+
+
+def pareto_section(ctx) -> str:
+    """The readings no other beats on both accuracy and test-time FLOPs per sample (study.analysis.pareto)."""
+    from study.analysis.pareto import pareto
+
+    try:
+        return html_table(pareto(ctx), "pareto")
+    except AnalysisError:
+        return ""
+
+
 def figures_section(store: Store, study: str, ctx, folder: Path, skip_bad: bool) -> list[str]:
     """Every figure that applies, inlined full width; each opens large from the PNG written beside the report."""
     out = []
@@ -100,6 +140,10 @@ def report(store: Store, study: str, out: str | Path | None = None, skip_bad: bo
                 df.filter(pl.col("source") == "measured"), "headline")
     sections.append(("summary", "Summary", summary_section(store, study, ctx, headline)))
     sections.append(("tables", f"Tables ({len(tables)})", "".join(tables) or "<p>No table applies.</p>"))
+    for anchor, title, part in (("compare", "Paired by seed", comparisons_section(ctx)),
+                                ("pareto", "Accuracy against test-time compute", pareto_section(ctx))):
+        if part:
+            sections.append((anchor, title, part))
     figures = figures_section(store, study, ctx, out.parent, skip_bad)
     sections.append(("figures", f"Figures ({len(figures)})", "".join(figures) or "<p>No figure applies.</p>"))
 

@@ -85,6 +85,15 @@ class Results:
         ctx = load_context(self.store, study, self.skip_bad, self.include_stale)
         return compare(ctx, Comparison(baseline, metric or ctx.headline[0], depth, retention, half_width))
 
+    def pareto(self, study: str, metric: str | None = None, budget: float | None = None,
+               every_point: bool = False) -> pl.DataFrame:
+        """Accuracy against test-time FLOPs per sample over the study's readings: the front (or, with a budget,
+        the most accurate reading within it), as `loopstudy table pareto` (study.analysis.pareto)."""
+        from study.analysis.pareto import Frontier, pareto
+
+        ctx = load_context(self.store, study, self.skip_bad, self.include_stale)
+        return pareto(ctx, Frontier(metric, budget, every_point))
+
     def figures(self, study: str, kind: str = "all", out: str | Path = "results/figures") -> list[Path]:
         """Write figure `kind` (or all) as PNG and PDF into `out`, as `loopstudy plot`; returns the files."""
         return plot(self.store, study, kind, out, skip_bad=self.skip_bad, include_stale=self.include_stale)
