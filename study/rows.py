@@ -14,12 +14,12 @@ from datetime import datetime
 class TrainLog:
     """One logged training step (table train_curve)."""
 
-    step: int
-    loss: float
-    cell_acc: float
-    exact_acc: float
-    lr: float
-    seconds: float
+    step: int  # optimizer steps so far
+    loss: float  # mean training loss over the batch's updates
+    cell_acc: float  # the training batch's cell accuracy
+    exact_acc: float  # the training batch's exact accuracy
+    lr: float  # learning rate at the last step
+    seconds: float  # wall seconds of the batch
 
 
 @dataclass
@@ -27,24 +27,24 @@ class DepthRow:
     """Accuracy at one test-time depth (table depth_eval); difficulty None: all samples. n, exact_acc and cell_acc
     count the rolled-out samples (for ARC: every augmented version of a test input)."""
 
-    depth_layers: int
-    outer_cycles: int
-    difficulty: int | None
-    n: int
-    exact_acc: float
-    cell_acc: float
-    halted_frac: float
-    eff_layers: float
+    depth_layers: int  # executed layers of the reading (its test-time depth)
+    outer_cycles: int  # outer cycles (nested) or iterations (flat) at that depth
+    difficulty: int | None  # null: every sample; else one difficulty (blanks, path length, string length)
+    n: int  # samples read
+    exact_acc: float  # share of samples with every cell right
+    cell_acc: float  # share of scored cells right
+    halted_frac: float  # share of samples that had halted by then
+    eff_layers: float  # mean layers each sample actually executed
     # test-time cost per sample up to this depth (study.evaluate.compute): FLOPs over the steps each sample ran,
     # and the rollouts' wall seconds over the samples they rolled out (None in rows stored before they were counted)
     flops: float | None = None
-    rollout_s: float | None = None
+    rollout_s: float | None = None  # (see flops above)
     # ARC (a task with TaskDef.vote; None for the others): answers pooled over augmented versions, ranked by votes
     # (methods.md 8.5); per test input, and per puzzle as the papers count it
     pass_at_1: float | None = None
-    pass_at_2: float | None = None
-    puzzle_pass_at_1: float | None = None
-    puzzle_pass_at_2: float | None = None
+    pass_at_2: float | None = None  # ARC: per test input, one of the top two right
+    puzzle_pass_at_1: float | None = None  # ARC: per puzzle (every test input), as the papers count
+    puzzle_pass_at_2: float | None = None  # ARC: pass@2 per puzzle, the papers' headline
 
 
 @dataclass
@@ -53,38 +53,38 @@ class DynamicsRow:
     from_update = u1), 'aligned' (gamma around the solving update; offset), 'score_vs_wrong' (score by wrong
     cells)."""
 
-    kind: str
-    axis: str
-    update: int | None = None
-    from_update: int | None = None
-    offset: int | None = None
-    wrong_cells: float | None = None
-    gamma_mean: float | None = None
-    gamma_p10: float | None = None
-    gamma_p90: float | None = None
-    score_median: float | None = None
-    score_p25: float | None = None
-    score_p75: float | None = None
-    changed: float | None = None
-    wrong_delta: float | None = None
-    flipped: float | None = None
-    solved: float | None = None
-    lost: float | None = None
-    residual_mean: float | None = None
-    eta_mean: float | None = None
-    n: int = 0
+    kind: str  # update, stability, aligned or score_vs_wrong
+    axis: str  # outer, inner (or none)
+    update: int | None = None  # the update (deep-supervision step) the row is about
+    from_update: int | None = None  # stability: the earlier update u1
+    offset: int | None = None  # aligned: updates relative to the solving update
+    wrong_cells: float | None = None  # score_vs_wrong: wrong cells
+    gamma_mean: float | None = None  # InfiLoop's step size gamma_t, mean
+    gamma_p10: float | None = None  # gamma_t, 10th percentile
+    gamma_p90: float | None = None  # gamma_t, 90th percentile
+    score_median: float | None = None  # InfiLoop's content score s_t, median
+    score_p25: float | None = None  # s_t, 25th percentile
+    score_p75: float | None = None  # s_t, 75th percentile
+    changed: float | None = None  # stability: share of predictions changed from u1 to u2
+    wrong_delta: float | None = None  # stability: change in wrong cells
+    flipped: float | None = None  # stability: cells that changed
+    solved: float | None = None  # share of samples solved at the update
+    lost: float | None = None  # stability: share solved at u1 and not at u2
+    residual_mean: float | None = None  # mean relative fixed-point residual
+    eta_mean: float | None = None  # FPOpt's mean damping eta
+    n: int = 0  # samples behind the row
 
 
 @dataclass
 class PerturbationRow:
     """Recovery after a perturbation of relative size eps at an update (table perturbation)."""
 
-    eps: float
-    update: int
-    updates_after: int
-    n_solved: int
+    eps: float  # the perturbation's size relative to the state
+    update: int  # the update at which the state was perturbed
+    updates_after: int  # updates run since the perturbation
+    n_solved: int  # samples solved at the perturbed update
     solved_kept: float | None  # None when no puzzle was solved at the perturbed update
-    rel_distance: float
+    rel_distance: float  # distance to the unperturbed rollout's state, relative to its norm
 
 
 # A trial's life as its trials row tells it: `running` while it trains (rewritten at every training log, with the
@@ -100,15 +100,15 @@ class TrialRecord:
     searcher saw (training accuracy while it trains, the study's metric once complete). spec_hash: the version of
     the study spec it ran under (study membership)."""
 
-    status: str
-    params: int
-    started: datetime
-    ended: datetime | None
-    wall_s: float
-    device: str
-    package_version: str
-    git_commit: str | None
-    node: str | None
+    status: str  # running, stopped, failed or complete
+    params: int  # the model's parameter count
+    started: datetime  # when the trial started (UTC)
+    ended: datetime | None  # when it ended (UTC)
+    wall_s: float  # wall seconds from start to end
+    device: str  # where it trained (cpu, cuda:0, ...)
+    package_version: str  # loopstudy's version
+    git_commit: str | None  # the code's commit, when known
+    node: str | None  # the Ray node it ran on
     step: int | None = None
     objective: float | None = None
     spec_hash: str | None = None
@@ -117,11 +117,11 @@ class TrialRecord:
     # weights_step: the training step of the weights it read. A trained trial keeps its final weights (sha256,
     # bytes) and, with train.keep_checkpoints, weights along training (checkpoints: JSON {step: sha256}).
     eval_id: str | None = None
-    weights_of: str | None = None
-    weights_step: int | None = None
-    weights_sha256: str | None = None
-    weights_bytes: int | None = None
-    checkpoints: str | None = None
+    weights_of: str | None = None  # the trial whose stored weights this reading read (null: its own training)
+    weights_step: int | None = None  # the training step of the weights read
+    weights_sha256: str | None = None  # sha256 of the stored final weights
+    weights_bytes: int | None = None  # size of the stored final weights
+    checkpoints: str | None = None  # weights kept along training: JSON {step: sha256}
 
 
 # table name -> the row dataclass of its measured rows (the trials table is TrialRecord + metrics + config)

@@ -35,11 +35,17 @@ class CarryConfig:
     step of each cycle a hard carry-last (gamma = 1) and throw away the accumulated evidence.
     """
 
+    # how an axis passes its state on: carry_last (TRM), infiloop, full_attnres (cost baseline) or damped (FPRM)
     rule: Rule = "carry_last"
+    # the nested axes that run `rule` (inner, outer, both or none); the others carry the last state
     placement: Placement = "both"
+    # InfiLoop's time decay beta at the start (beta < 1 forgets older candidates; 1: uniform weights)
     beta_init: Annotated[float, Bound(gt=0)] = 0.55
+    # whether beta is learned (false: fixed at beta_init)
     learn_beta: bool = True
+    # whether InfiLoop scores each candidate by content (q . RMSNorm(z)); false: decay-only weights
     content_score: bool = True
+    # cap on content scores (InfiLoop, full attention residuals), so exp(score) stays finite
     clip: Annotated[float, Bound(gt=0)] = 8.0
     reset_inner: bool = False
 
@@ -62,11 +68,17 @@ class HaltingConfig:
     """enabled: halted samples freeze (state and effective layers). FPOpt's eta runs either way (damped rule)."""
 
     enabled: bool = False
+    # a sample halts once its relative fixed-point residual is below tau
     tau: Tau = 0.1
+    # FPOpt: eta <- gamma * eta when the residual has not improved for `patience` steps
     gamma: Gamma = 0.9
+    # steps without improvement before FPOpt damps eta
     patience: Annotated[int, Bound(ge=1)] = 5
+    # FPOpt's initial damping factor eta (1: no damping)
     eta0: Annotated[float, Bound(gt=0, le=1)] = 1.0
+    # a sample whose eta falls below this stops too
     eta_min: Annotated[float, Bound(ge=0)] = 1e-3
+    # added to the residual's denominator, ||f(z)||_inf + eps
     eps: Annotated[float, Bound(gt=0)] = 1e-6
 
     def __post_init__(self):
@@ -85,20 +97,33 @@ class ModelConfig:
     conv's locality alone orders tokens; the model then reads other lengths / board sides at test time).
     """
 
+    # nested (TRM-style H/L loops over two states) or flat (FPRM-style, one state)
     kind: Literal["nested", "flat"] = "nested"
+    # width d of the states and the block
     hidden: Annotated[int, Bound(ge=1, most=16_384)] = 64
+    # attention heads (hidden must be divisible by heads)
     heads: Annotated[int, Bound(ge=1, most=1_024)] = 4
+    # transformer layers in the block one step applies
     n_layers: Annotated[int, Bound(ge=1, most=1_024)] = 2
+    # SwiGLU hidden size as a multiple of `hidden`
     expansion: Annotated[float, Bound(gt=0)] = 4.0
+    # post-norm (TRM) or pre-norm (FPRM)
     norm: Literal["pre", "post"] = "post"
+    # a depthwise grid convolution in the block (locality on boards and strings)
     conv: bool = True
+    # FPRM's tied residual scaling (a1, a2 and their coupling); needs norm pre
     residual_scaling: bool = False
+    # FPRM's a1 at the start (in [0, 1))
     a1_init: Unit = 0.75
+    # FPRM's a2 at the start (in [0, 1))
     a2_init: Unit = 0.25
+    # steps per update: outer cycles (nested) or iterations (flat)
     H: Annotated[int, Bound(ge=1)] = 3
+    # inner cycles per outer cycle (nested only)
     L: Annotated[int, Bound(ge=1)] = 6
     grad_steps: Annotated[int, Bound(ge=1)] = 1
     recall: bool = True
+    # learned absolute positions, or none (the conv's locality alone orders tokens)
     pos: Literal["learned", "none"] = "learned"
     carry: CarryConfig = field(default_factory=CarryConfig)
     halting: HaltingConfig = field(default_factory=HaltingConfig)
@@ -143,25 +168,37 @@ class ModelConfig:
 
 @pdataclass(config={"extra": "forbid"})
 class TrainConfig:
-    """steps: optimizer steps (each batch gives n_sup of them). device/dtype: 'cpu'|'cuda', 'fp32'|'bf16'.
+    """steps: optimizer steps (each batch gives n_sup of them).
     progressive: Deep Thinking's progressive loss weight alpha (Bansal et al. 2022): the loss is (1 - alpha) x the
     loss after the update's H steps + alpha x the loss after k steps with gradient that start from n steps run
     without it (n uniform in 0..H-1, k in 1..H-n), which teaches the step to improve any partial state instead of
     counting iterations. 0: off. Needs n_sup 1."""
 
     steps: Annotated[int, Bound(ge=1, most=10_000_000)] = 600
+    # training samples per batch
     batch_size: Annotated[int, Bound(ge=1, most=1_000_000)] = 64
+    # AdamW's peak learning rate (after the linear warmup)
     lr: Annotated[float, Bound(gt=0)] = 1e-3
+    # AdamW's weight decay on the weight matrices
     weight_decay: Annotated[float, Bound(ge=0)] = 0.1
+    # AdamW's (beta1, beta2)
     betas: Annotated[tuple[float, float], Bound(ge=0, lt=1)] = (0.9, 0.95)
+    # optimizer steps of linear learning-rate warmup
     warmup: Annotated[int, Bound(ge=0)] = 50
+    # deep-supervision updates per batch, an optimizer step after each
     n_sup: Annotated[int, Bound(ge=1, most=1_024)] = 4
+    # gradient norm clip on the model's parameters (0: none)
     grad_clip: Annotated[float, Bound(ge=0)] = 1.0
+    # decay of the weights' exponential moving average, which the evaluation reads
     ema: Annotated[float, Bound(ge=0, lt=1)] = 0.999
+    # cross-entropy over softmax, or TRM's stablemax
     loss: Literal["softmax", "stablemax"] = "softmax"
+    # cpu or cuda[:N] (cuda needs resources.gpu)
     device: str = "cpu"
+    # fp32, or bf16 autocast
     dtype: Literal["fp32", "bf16"] = "fp32"
     threads: Annotated[int, Bound(ge=0)] = 0  # torch CPU threads; 0 leaves torch's default
+    # optimizer steps between training logs (and Tune reports)
     log_every: Annotated[int, Bound(ge=1)] = 50
     checkpoint_every: Annotated[int, Bound(ge=0)] = 0  # batches between checkpoints; 0: only at the end
     # keep the (EMA) weights of every keep_checkpoints-th checkpoint in the results store, for `loopstudy evaluate
@@ -171,8 +208,8 @@ class TrainConfig:
     # ARC's puzzle embedding (study/trial/puzzle_optim.py): TRM's sparse sign-SGD (lr 1e-2, weight decay 0.1) on
     # the rows a batch used, or AdamW in a group of its own; puzzle_lr is the peak of the model's warmup schedule
     puzzle_optimizer: Literal["sign_sgd", "adamw"] = "sign_sgd"
-    puzzle_lr: Annotated[float, Bound(gt=0)] = 1e-2
-    puzzle_weight_decay: Annotated[float, Bound(ge=0)] = 0.1
+    puzzle_lr: Annotated[float, Bound(gt=0)] = 1e-2  # the puzzle embedding's peak learning rate
+    puzzle_weight_decay: Annotated[float, Bound(ge=0)] = 0.1  # the puzzle embedding's decoupled weight decay
 
     def __post_init__(self):
         check_bounds("train", self)
@@ -200,20 +237,29 @@ class EvalConfig:
     input's tokens of the top softmax probability; a label-free baseline against overthinking)."""
 
     depths: Annotated[list[int] | None, Bound(ge=1)] = None
+    # outer cycles per update at test time (the papers evaluate H6 L12); null keeps training's
     H: Annotated[int | None, Bound(ge=1)] = None
+    # inner cycles at test time; null keeps training's
     L: Annotated[int | None, Bound(ge=1)] = None
     halting: bool | None = None
     tau: Tau | None = None
     gamma: Gamma | None = None
+    # evaluate the first n_test test samples only (null: all)
     n_test: Annotated[int | None, Bound(ge=1)] = None
+    # samples per evaluation rollout
     batch_size: Annotated[int, Bound(ge=1, most=1_000_000)] = 256
     stability: tuple[int, int] | None = None
+    # updates either side of the solving update in the aligned gamma record
     align_window: Annotated[int, Bound(ge=1)] = 6
     perturb_update: Annotated[int | None, Bound(ge=1)] = None
+    # relative sizes of the state perturbations
     perturb_eps: Annotated[list[float], Bound(ge=0)] = field(default_factory=lambda: [0.0, 1e-4, 1e-3, 1e-2, 0.1, 0.3])
+    # updates to run after the perturbation
     perturb_updates: Annotated[int, Bound(ge=1)] = 36
+    # samples of the first batch the perturbation test uses
     perturb_n: Annotated[int, Bound(ge=1)] = 64
     compile: bool | None = None  # torch.compile the rollout step (CUDA graphs on a GPU); None/False: eager
+    # what a depth reading scores: the current step's prediction (last) or the most confident so far (max_conf)
     readout: Literal["last", "max_conf"] = "last"
 
     def __post_init__(self):

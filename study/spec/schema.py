@@ -19,9 +19,13 @@ class Strict(BaseModel):
 
 
 class OptunaParam(Strict):
+    # uniform, loguniform, int (low..high) or choice (values)
     type: Literal["uniform", "loguniform", "int", "choice"]
+    # the range's lower end
     low: float | None = None
+    # the range's upper end
     high: float | None = None
+    # a choice's values
     values: list[Any] | None = None
 
     def check(self, key: str) -> None:
@@ -67,14 +71,18 @@ class Limit(Strict):
 class OptunaSpec(Strict):
     """An Optuna search. One objective (`metric: final_exact_acc`, `mode: max`) or several, in Ray Tune's
     convention: `metric` and `mode` as lists of the same length (`[final_exact_acc, final_flops]`, `[max, min]`).
-    `sampler`: tpe (default), nsga2 or gp. `constraints`: metric -> {min, max}; Optuna's samplers prefer trials
-    that meet them (`Trial.set_constraint`), and the Pareto front counts only those."""
+    sampler: Optuna's sampler, tpe (default), nsga2 or gp; each takes one objective or several. constraints: metric
+    -> {min, max}; Optuna's samplers prefer trials that meet them (`Trial.set_constraint`), and the Pareto front
+    counts only those."""
 
     metric: Annotated[list[SearchMetric], one_or_more(SEARCH_METRICS)] = [DEFAULT_METRIC]  # a name: a list of one
+    # max or min per metric (a list when metric is a list)
     mode: Annotated[list[Mode], one_or_more(("max", "min"))] = ["max"]
     sampler: Literal[SAMPLERS] = "tpe"  # type: ignore[valid-type]
     constraints: dict[MetricName, Limit] = {}  # type: ignore[valid-type]
+    # samples the search runs in all (a run again continues to this many)
     num_samples: int = 8
+    # dotted trial key -> its range or choices
     space: dict[str, OptunaParam]
     storage: str | None = None  # the Optuna study's storage: a journal file or an RDB URL (study/run/optuna_storage.py)
 
@@ -129,8 +137,11 @@ class AshaSpec(Strict):
     training step: rungs at grace_period * reduction_factor^k steps, up to max_t. A trial that passes the last rung
     trains on and is evaluated; a stopped one keeps its rows (status `stopped`)."""
 
+    # the last rung, in training steps
     max_t: int = 100
+    # training steps before the first rung
     grace_period: int = 10
+    # rungs at grace_period * reduction_factor^k; the share kept at each
     reduction_factor: float = 2.0
 
     @model_validator(mode="after")
@@ -144,11 +155,17 @@ class AshaSpec(Strict):
 
 
 class SweepSpec(Strict):
+    # dotted key -> values: every combination is a setting
     grid: dict[str, list[Any]] = {}
+    # named settings, each a mapping of dotted keys (and `name`) over the base
     variants: list[dict[str, Any]] = []
+    # every setting runs once per seed (data and initial weights shared seed by seed)
     seeds: list[int] = [0]
+    # an Optuna search instead of a grid (see the sweep.optuna keys)
     optuna: OptunaSpec | None = None
+    # early stopping of the weaker trials on the training signal
     asha: AshaSpec | None = None
+    # trials at once (0: as many as the cluster places)
     max_concurrent: int = 0
     max_failures: int = 2  # retries of a trial whose worker or node died (resumes from its last checkpoint)
 
@@ -192,7 +209,9 @@ class SweepSpec(Strict):
 
 
 class Resources(Strict):
+    # CPUs per trial (a fraction shares one)
     cpu: float = 1.0
+    # GPUs per trial (0.5: two trials share one GPU)
     gpu: float = 0.0
 
     @field_validator("cpu")
@@ -213,6 +232,7 @@ class Resources(Strict):
 class TrackingSpec(Strict):
     """Live tracking through Ray Tune's logger callbacks (study/run/tracking.py); off unless asked for."""
 
+    # TensorBoard event files in <store>/_tune/STUDY
     tensorboard: bool = False
     mlflow: bool | str = False  # true: an SQLite store in the results root; or a tracking URI (http://..., sqlite:)
     wandb: bool | Literal["offline", "online"] = False  # true = offline (no account needed; `wandb sync` later)
@@ -232,15 +252,25 @@ class TrackingSpec(Strict):
 
 
 class StudySpec(Strict):
+    # the study: its trials, rows, figures and Optuna study go by this name
     name: str
+    # one line about the study
     description: str = ""
+    # the base trial's task section (see task.* below)
     task: dict[str, Any] = {}
+    # the base trial's model section (model.*)
     model: dict[str, Any] = {}
+    # the base trial's training section (train.*)
     train: dict[str, Any] = {}
+    # the base trial's evaluation section (eval.*)
     eval: dict[str, Any] = {}
+    # what varies across trials
     sweep: SweepSpec = SweepSpec()
+    # what one trial asks of the cluster
     resources: Resources = Resources()
+    # the results root: a path, an NFS path or s3://bucket/prefix (--store overrides it)
     storage: str = "results"
+    # live tracking (TensorBoard, MLflow, W&B), off unless asked for
     tracking: TrackingSpec = TrackingSpec()
 
     @field_validator("name")
