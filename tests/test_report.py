@@ -81,3 +81,27 @@ def test_report_of_a_small_study_shows_only_what_applies_and_goes_beside_its_fig
         assert absent not in text, absent
     assert "figure img { width: 100%" in text and 'href="small_depth.png"' in text
     assert (page.parent / "small_depth.png").exists()  # the link opens the full-size figure
+
+
+def test_report_reads_like_a_results_section_wide_tables_no_constant_columns_headline_figure_first(page):
+    text = page.read_text()
+    summary = text[text.index('<h2 id="summary"'):text.index('<h2 id="tables"')]
+    assert 'id="headline-figure-depth"' in summary  # the headline figure opens the page
+    wide = text[text.index('id="wide-depth"'):]
+    wide = wide[:wide.index("</table>")]
+    assert "rule=carry_last" in wide and "rule=infiloop" in wide and " ± " in wide  # a column per setting
+    assert "<th>source</th>" not in wide and "<th>n</th>" not in wide
+    long_form = text[text.index('id="table-depth"'):]
+    assert "<th>source</th>" in long_form[:long_form.index("</thead>")]  # measured and paper rows: it varies
+    assert text.index('id="wide-depth"') < text.index('id="table-depth"')  # the long form folded below
+
+
+def test_a_column_the_same_on_every_row_is_left_out_and_a_long_table_folded():
+    import polars as pl
+
+    from study.analysis.report import FOLD_ROWS, html_table
+
+    df = pl.DataFrame({"setting": ["a", "b"], "source": ["measured", "measured"], "exact_acc": [0.5, 0.7]})
+    assert "<th>source</th>" not in html_table(df, "t") and "<th>exact_acc</th>" in html_table(df, "t")
+    long = pl.DataFrame({"depth_layers": list(range(FOLD_ROWS + 1)), "exact_acc": [0.5] * (FOLD_ROWS + 1)})
+    assert html_table(long, "t").startswith(f"<details><summary>{FOLD_ROWS + 1} rows</summary>")

@@ -1,12 +1,14 @@
 """`loopstudy report STUDY`: one self-contained HTML page from the stored Parquet alone.
 
-The page opens with a summary (what was swept, how many trials are complete / stopped / stale, the headline
-table), then every table that applies to the study (with the papers' rows of the same task beside the measured
-ones), the comparisons paired by seed against the first setting (when settings share two or more seeds), the
-accuracy-compute front (when readings carry FLOPs), every figure that applies (full width, PNG inlined as data:
-URIs, so the file can be mailed or archived on its own; each links to its PNG beside the report to open large),
-the spec the study was run with and each trial's config and summary. Written beside the study's figures by
-default. No scripts, no external resources.
+The page reads like a paper's results section: a summary (what was swept, how many trials are complete / stopped /
+stale, the headline table and the headline figure); every table that applies to the study, each comparing settings
+in the papers' wide form (a column per setting, mean ± 95% CI) with its long form folded below (std, n, and the
+papers' rows of the same task beside the measured ones); the comparisons paired by seed against the first setting
+(when settings share two or more seeds); the accuracy-compute front (when readings carry FLOPs); every figure that
+applies (full width, PNG inlined as data: URIs, so the file can be mailed or archived on its own; each links to its
+PNG beside the report to open large); the spec the study was run with and each trial's config and summary. Columns
+that say the same on every row are left out and long tables folded. Written beside the study's figures by default.
+No scripts, no external resources.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import polars as pl
 import yaml
 
 from study.analysis.figures import plot
-from study.analysis.formatting import _cell
+from study.analysis.formatting import _cell, widen
 from study.analysis.tables import TABLES, build_table, config_columns, load_context
 from study.errors import AnalysisError
 from study.metrics import METRICS
@@ -41,15 +43,36 @@ nav a { margin-right: 1em; }
 """
 
 
+FOLD_ROWS = 25  # a longer table is folded (<details>), its row count on the fold
+
+
 def html_table(df: pl.DataFrame, table_id: str) -> str:
-    """A DataFrame as an HTML table; rows whose `source` is 'paper' are marked (class="paper")."""
-    cols = [c for c in df.columns if df[c].null_count() != df.height]
+    """A DataFrame as an HTML table; rows whose `source` is 'paper' are marked (class="paper"). A column empty on
+    every row, or (with two rows or more) the same on every row, is left out; a long table is folded."""
+    cols = [c for c in df.columns if df[c].null_count() != df.height
+            and (df.height < 2 or c in ("setting", "trial_id") or df[c].cast(pl.String).n_unique() > 1)]
     head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
     body = []
     for row in df.select(cols).iter_rows(named=True):
         cls = ' class="paper"' if row.get("source") == "paper" else ""
         body.append(f"<tr{cls}>" + "".join(f"<td>{html.escape(_cell(row[c], c))}</td>" for c in cols) + "</tr>")
-    return f'<table id="{table_id}"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+    table = f'<table id="{table_id}"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+    return table if df.height <= FOLD_ROWS else f"<details><summary>{df.height} rows</summary>{table}</details>"
+
+
+def settings_table(df: pl.DataFrame, kind: str) -> str:
+    """A table that compares settings, as the papers print one: a column per setting holding the headline's
+    'mean ± 95% CI' over seeds (`table --wide`), with the long form (std, n, the papers' rows) folded below."""
+    try:
+        wide = widen(df.filter(pl.col("source") == "measured") if "source" in df.columns else df)
+    except (AnalysisError, pl.exceptions.PolarsError):
+        return html_table(df, f"table-{kind}")
+    if "setting" not in df.columns or df["setting"].n_unique() < 2:
+        return html_table(df, f"table-{kind}")
+    return (html_table(wide, f"wide-{kind}") + f"<details><summary>long form ({df.height} rows: std, n"
+            f"{', the papers' if 'source' in df.columns and (df['source'] == 'paper').any() else ''})</summary>"
+            + html_table(df, f"table-{kind}").replace("<details>", "<div>").replace("</details>", "</div>")
+            + "</details>")
 
 
 def summary_section(store: Store, study: str, ctx, headline: str) -> str:
@@ -134,17 +157,19 @@ def report(store: Store, study: str, out: str | Path | None = None, skip_bad: bo
             df = build_table(store, study, kind, paper=True, skip_bad=skip_bad, ctx=ctx)
         except AnalysisError:
             continue  # this study has no data for that table, or does not sweep what it shows
-        tables.append(f"<h3>{kind}</h3>" + html_table(df, f"table-{kind}"))
+        tables.append(f"<h3>{kind}</h3>" + settings_table(df, kind))
         if kind == "final":
             headline = "<h3>Headline: accuracy at the deepest reading</h3>" + html_table(
                 df.filter(pl.col("source") == "measured"), "headline")
-    sections.append(("summary", "Summary", summary_section(store, study, ctx, headline)))
+    figures = figures_section(store, study, ctx, out.parent, skip_bad)
+    first = next((f for f in figures if 'id="figure-depth"' in f), figures[0] if figures else "")
+    sections.append(("summary", "Summary", summary_section(store, study, ctx, headline)
+                     + first.replace('id="figure-', 'id="headline-figure-')))
     sections.append(("tables", f"Tables ({len(tables)})", "".join(tables) or "<p>No table applies.</p>"))
     for anchor, title, part in (("compare", "Paired by seed", comparisons_section(ctx)),
                                 ("pareto", "Accuracy against test-time compute", pareto_section(ctx))):
         if part:
             sections.append((anchor, title, part))
-    figures = figures_section(store, study, ctx, out.parent, skip_bad)
     sections.append(("figures", f"Figures ({len(figures)})", "".join(figures) or "<p>No figure applies.</p>"))
 
     spec = store.get_text(spec_file(study))
