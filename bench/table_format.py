@@ -1,6 +1,6 @@
 """Benchmark: the store's layout (one Parquet file per trial per table, Hive-partitioned by study) against Delta
 Lake (deltalake: the same rows appended to a Delta table, a transaction log of commits), measured side by side for
-the choice in README "Outside readers". Prints a final JSON line.
+the choice in docs/storage.md "Outside readers". Prints a final JSON line.
 
 1. Concurrent writers: --writers processes (the nodes of a cluster) each write --per-writer trials' rows of one
    table at the same moment: rows at the end, writes that failed, wall time. Local folder; and S3 (SeaweedFS on

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CPU showcase (README "Results"): seven studies on the embedded Ray, then the tables and figures the README
+# The CPU showcase (docs/results.md): seven studies on the embedded Ray, then the tables and figures docs/results.md
 # shows, regenerated from the stored Parquet alone. About two and a half hours on 2 cores (the depth study is 35
 # minutes of it, the overthinking study 40, ARC's 10x10 subset 26, the checkpoint study 3).
 # Interrupted? Run it again: trials complete in storage are skipped.
@@ -17,13 +17,13 @@ loopstudy table placement --study cpu_axis_placement --store "$STORE" --format m
 loopstudy table beta --study cpu_beta_init --store "$STORE" --format markdown
 loopstudy table halting --study cpu_halting_tau --store "$STORE" --format markdown
 loopstudy plot all --study cpu_depth_scaling --store "$STORE" --figures "$STORE/figures"
-loopstudy plot depth --study cpu_depth_scaling --store "$STORE" --figures docs/figures  # the README's figure
+loopstudy plot depth --study cpu_depth_scaling --store "$STORE" --figures docs/figures  # the figure docs/results.md shows
 loopstudy table retention --study cpu_overthinking --store "$STORE" --format markdown
 loopstudy table overthinking --study cpu_overthinking --store "$STORE" --paper --wide --format markdown
-loopstudy plot overthinking --study cpu_overthinking --store "$STORE" --figures docs/figures  # the README's figure
+loopstudy plot overthinking --study cpu_overthinking --store "$STORE" --figures docs/figures  # the figure docs/results.md shows
 loopstudy run search_spaces/cpu/checkpoints.yaml --store "$STORE" --no-plot  # train once, keep checkpoints
 loopstudy evaluate cpu_checkpoints --checkpoints --store "$STORE" --no-plot   # ... read every one, no training
-loopstudy plot checkpoints --study cpu_checkpoints --store "$STORE" --figures docs/figures  # the README's figure
+loopstudy plot checkpoints --study cpu_checkpoints --store "$STORE" --figures docs/figures  # the figure docs/results.md shows
 loopstudy table depth --study cpu_arc_small --store "$STORE" --wide --format markdown  # pass@2 per puzzle
 loopstudy table depth --study cpu_arc_small --store "$STORE" --wide cell_acc --format markdown
-loopstudy plot depth --study cpu_arc_small --store "$STORE" --figures docs/figures  # the README's figure
+loopstudy plot depth --study cpu_arc_small --store "$STORE" --figures docs/figures  # the figure docs/results.md shows

@@ -340,7 +340,7 @@ def free_cells(split: Split) -> np.ndarray:
 
 
 def data_cost(cfg) -> str:
-    """The augmented data's size in words (README / methods.md: what 1000 augmentations cost)."""
+    """The augmented data's size in words (docs/results.md, methods.md: what 1000 augmentations cost)."""
     cat = catalogue_of(cfg)
     n_test = len(cat.test_rows)
     S = cfg.size * cfg.size + 1

@@ -1,0 +1,132 @@
+"""Run the CPU benchmarks once, at the sizes below, and write docs/benchmarks.md from that one run: the
+commit, the machine, each benchmark's command, what it measured and its target. Each figure is a ratio of things
+measured side by side in the same process (or a time against a stated target); nothing is carried over from an
+earlier run. About 15 minutes on 2 cores.
+
+    python bench/run_all.py                 # run them, rewrite the page
+    python bench/run_all.py --only depth    # one of them (the page is rewritten with only it)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PAGE = REPO / "docs" / "benchmarks.md"
+NOTES = """## Not in this run
+
+- `python bench/depth.py` without `--time-only` adds memory: each rule alone in a fresh process at ~1k, 5k and 25k
+  layers (InfiLoop's rollout state is O(d) per token at every depth; full attention residuals' grows with depth),
+  and the 24,960-layer timing. Minutes on a CPU.
+- `python bench/table_format.py` compares the store's one-file-per-trial layout with Delta Lake (needs
+  `pip install deltalake`).
+- `python bench/study_scale.py` at its defaults runs N = 1,000 and an Optuna search of 2,000 samples and fills a
+  store of 10,000 trials (about an hour on 2 cores).
+
+## The GPU path
+
+GPU settings are configuration (`train.device: cuda`, `train.dtype: bf16`, `resources.gpu: 0.5` to share a GPU
+between two trials, `eval.compile: true` for a compiled rollout, CUDA graphs on a GPU); the evaluation runs under
+bf16 autocast when training did. `python bench/gpu_check.py` measures all of it on one GPU in one go (the
+paper-size rollout to 24,960 layers with achieved TFLOP/s against the card's bf16 peak, bf16 training steps, a
+two-trial `loopstudy run` at half a GPU each, the rollout with and without `eval.compile`) and ends with a JSON
+line; `--cpu-smoke` runs the same script at tiny size on CPU, in the test suite. No GPU has run it yet.
+"""
+
+
+@dataclass(frozen=True)
+class Bench:
+    name: str
+    args: list[str]
+    what: str
+    target: str
+    measured: Callable[[dict], str]
+
+
+def x(v: float) -> str:
+    return f"**{v:.3f}x**"
+
+
+BENCHES = [
+    Bench("depth", ["bench/depth.py", "--time-only", "--depths", "1040", "5200"],
+          "InfiLoop (both axes) rollout time vs carry_last to 5,200 layers (H6 L12, hidden 64, 4x4, batch 8, 1 "
+          "thread), side by side in one process", "<= 1.03x",
+          lambda r: x(r["infiloop_time_ratio_vs_carry_last"])),
+    Bench("depth_b64", ["bench/depth.py", "--time-only", "--depths", "1040", "5200", "--batch", "64"],
+          "the same at batch 64", "<= 1.02x", lambda r: x(r["infiloop_time_ratio_vs_carry_last"])),
+    Bench("eval_readings", ["bench/eval_readings.py"],
+          "one rollout read at 5 depths vs a rollout to the deepest alone", "<= 1.05x", lambda r: x(r["ratio"])),
+    Bench("orchestration", ["bench/orchestration.py"],
+          "Ray Tune: 40 trials x 2 s on embedded Ray with 2 CPUs, wall time over the 40 s minimum", "<= 1.25x",
+          lambda r: f"{x(r['overhead_ratio'])} ({r['wall_s']:.1f} s)"),
+    Bench("analysis", ["bench/analysis.py", "--rows", "1000000", "--files", "1000"],
+          "depth table over 1M rows in 1,000 trial files vs plain read_parquet + join + group_by, same data; every "
+          "figure of a 12-trial study from Parquet", "<= 1.5x; figures < 10 s",
+          lambda r: f"{x(r['ratio'])} ({r['table_s']:.2f} s vs {r['baseline_s']:.2f} s); figures "
+                    f"**{r['figures_s']:.1f} s** ({r['figures']} files)"),
+    Bench("sudoku_gen", ["bench/sudoku_gen.py"], "generate 1,000 9x9 sudokus with 54 blanks, unique, one process",
+          "< 120 s", lambda r: f"**{r['seconds']:.1f} s**"),
+    Bench("study_scale", ["bench/study_scale.py", "--sizes", "100", "300", "--store-trials", "2000", "--optuna", "0",
+                          "--no-smoke"],
+          "near-zero-work trials through `loopstudy run` vs a bare Tune function doing the same work (N = 100, "
+          "300); finding the complete trials among 2,000; ls and table depth once compacted",
+          "per-trial growth <= 1.2x; ours <= 1.3x bare; find < 0.5 s",
+          lambda r: f"growth {x(r['per_trial_growth'])}, ours/bare {x(r['ours_over_bare_at_largest'])}, find "
+                    f"**{r['find_complete_s']:.2f} s**, ls **{r['compacted_store']['cli_ls_s']:.2f} s**"),
+]
+
+
+def run(bench: Bench) -> tuple[dict, float]:
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, *bench.args], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    if proc.returncode != 0:
+        raise SystemExit(f"{bench.name} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1]), time.perf_counter() - t0
+
+
+def page(results: list[tuple[Bench, dict, float]]) -> str:
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                            text=True).stdout.strip() or "unknown"
+    lines = ["<!-- written by bench/run_all.py from one run: run it again, do not edit -->", "",
+             "# Benchmarks", "",
+             f"Commit `{commit}`, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} CPUs "
+             f"({platform.machine()}, Python {platform.python_version()}), by `python bench/run_all.py`. Each "
+             "benchmark ran once, here, at the size its command says; the last line each printed is kept below.", "",
+             "| benchmark | command | measured | target | wall |", "|---|---|---|---|---|"]
+    for b, r, wall in results:
+        lines.append(f"| {b.what} | `python {' '.join(b.args)}` | {b.measured(r)} | {b.target} | {wall:.0f} s |")
+    lines += ["", NOTES, "## Raw results", ""]
+    for b, r, _ in results:
+        lines += [f"`{b.name}`:", "", "```json", json.dumps(r, indent=1)[:4000], "```", ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--only", nargs="+", choices=[b.name for b in BENCHES], help="run these only")
+    args = p.parse_args()
+    results = []
+    for b in BENCHES:
+        if args.only and b.name not in args.only:
+            continue
+        print(f"[run_all] {b.name}: python {' '.join(b.args)}", file=sys.stderr, flush=True)
+        r, wall = run(b)
+        print(f"[run_all] {b.name}: {b.measured(r)} ({wall:.0f} s)", file=sys.stderr, flush=True)
+        results.append((b, r, wall))
+    PAGE.write_text(page(results))
+    print(PAGE)
+
+
+if __name__ == "__main__":
+    main()
