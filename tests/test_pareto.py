@@ -128,3 +128,15 @@ def test_the_report_and_the_python_api_show_the_front_and_the_paired_comparisons
     page = report(ctx.store, "front", tmp_path / "r.html").read_text()
     assert 'id="pareto"' in page and 'id="compare-1"' in page and "Baseline <code>rule=carry_last</code>" in page
     assert open_results(ctx.store.uri).pareto("front").equals(pareto(ctx))
+
+
+def test_a_single_objective_search_keeps_its_version_however_its_objective_is_spelled(tmp_path):
+    base = (REPO / "search_spaces" / "optuna_hpo.yaml").read_text()
+    spelled = tmp_path / "spelled.yaml"
+    spelled.write_text(base.replace("    metric: final_exact_acc\n    mode: max\n",
+                                    "    metric: [final_exact_acc]\n    mode: [max]\n    sampler: tpe\n"
+                                    "    constraints: {}\n"))
+    assert spelled.read_text() != base
+    assert load_study(spelled).spec_hash == load_study(REPO / "search_spaces" / "optuna_hpo.yaml").spec_hash
+    two = load_study(REPO / "search_spaces" / "optuna_hpo.yaml", ["sweep.asha=null", "sweep.optuna.sampler=nsga2"])
+    assert two.spec_hash != load_study(REPO / "search_spaces" / "optuna_hpo.yaml", ["sweep.asha=null"]).spec_hash

@@ -74,6 +74,12 @@ class Study:
         if sweep.get("optuna"):
             for key in ("num_samples", "storage"):  # how many samples and where they are kept: not what runs
                 sweep["optuna"].pop(key, None)
+            search = sweep["optuna"]
+            if len(search["metric"]) == 1:  # one objective hashes as its name: the version stored searches carry
+                search["metric"], search["mode"] = search["metric"][0], search["mode"][0]
+            for key, plain in (("sampler", "tpe"), ("constraints", {})):  # their defaults: the search as it ran
+                if search.get(key) == plain:
+                    search.pop(key)
         text = json.dumps({**self.spec.base(), "sweep": sweep}, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
