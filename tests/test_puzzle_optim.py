@@ -92,3 +92,16 @@ def test_the_puzzle_keys_keep_stored_trial_ids_and_are_refused_where_no_table_ex
         "  seeds: [0]", "  grid: {train.puzzle_lr: [0.01, 0.02]}\n  seeds: [0]"))
     with pytest.raises(ConfigError, match="the task has no puzzle embedding"):
         load_study(spec)
+
+
+def test_a_model_without_a_puzzle_embedding_clips_its_parameters_in_their_own_order(tmp_path):
+    """The clip's norm is a float sum whose order shows in the last bits, and 320 steps later in the accuracy: a
+    model without a puzzle table must clip exactly the parameters, in exactly the order, it always has."""
+    from study.models import build_reasoner
+
+    cfg = build_trial({"task": {"name": "sudoku", "size": 4, "n_train": 16, "n_test": 4,
+                                "cache_dir": str(tmp_path / "cache")}})
+    task = load_task(cfg.task)
+    model = build_reasoner(cfg.model, task.spec)
+    trainer = Trainer(model, task, cfg.train, seed=0)
+    assert trainer.clipped == list(model.parameters()) and trainer.puzzle_opt is None

@@ -256,8 +256,9 @@ def fig_pareto(ctx: Context, ax, style: Style | None = None) -> None:
                     yerr=[c or 0.0 for c in g[f"{value}_ci95"].to_list()], fmt="o", ms=4, capsize=2, lw=0.8,
                     color=style.color(setting), label=setting, alpha=0.85)
     front = df.filter(pl.col("front")).sort("flops_mean")
-    ax.step(front["flops_mean"].to_list(), front[f"{value}_mean"].to_list(), where="post", color="black", lw=1.0,
-            label="Pareto front")
+    xs, ys = front["flops_mean"].to_list(), front[f"{value}_mean"].to_list()
+    # carried on to the costliest reading: the best accuracy any larger budget buys
+    ax.step([*xs, df["flops_mean"].max()], [*ys, ys[-1]], where="post", color="black", lw=1.0, label="Pareto front")
     ax.set_xscale("log")
     ax.set_ylim(-0.02, 1.02)
     _labels(ax, "Accuracy vs test-time compute", "FLOPs per sample (test time, log scale)",

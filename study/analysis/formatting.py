@@ -40,6 +40,8 @@ def _cell(v, column: str = "") -> str:
     if isinstance(v, float):
         if math.isnan(v):
             return ""
+        if "flops" in column:  # counts of 1e6..1e11: their magnitude is what a reader compares
+            return f"{v:.3g}" if v else "0"
         if "layers" in column or abs(v) >= 1000:  # layer counts are whole numbers, however they were averaged
             if abs(v) < 1000 and abs(v - round(v)) >= 0.05:
                 return f"{v:.1f}"

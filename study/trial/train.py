@@ -92,7 +92,9 @@ class Trainer:
             torch.set_num_threads(cfg.threads)
         self.model.to(self.device)
         self.opt, self.puzzle_opt = optimizers(model, cfg)  # ARC's puzzle embedding has its own (puzzle_optim.py)
-        self.clipped = [p for g in self.opt.param_groups for p in g["params"]]
+        # clipped in the model's own order (the norm's float sum depends on it): the puzzle table is not clipped
+        table = self.model.puzzle.weight if getattr(self.model, "puzzle", None) is not None else None
+        self.clipped = [p for p in self.model.parameters() if p is not table]
         self.ema = EMA(model, cfg.ema)
         self.data_rng = np.random.default_rng(seed)
         self.step = 0
