@@ -54,7 +54,7 @@ def unopenable(location: str, e: Exception) -> ConfigError:
                        "folder) exists and can be reached")
 
 
-def directions(mode: str) -> str:
+def direction(mode: str) -> str:
     """Optuna's word for a spec's mode."""
     return "maximize" if mode == "max" else "minimize"
 
@@ -84,7 +84,7 @@ def prepare(location: str, study: str, spec_hash: str, modes: list[str]) -> Optu
     if name in existing and existing[name].user_attrs.get("spec_hash") not in (None, spec_hash):
         name = f"{study}.{spec_hash}"  # the spec changed: its own search, as its trials are its own members
     ot = optuna.create_study(storage=storage, study_name=name, load_if_exists=True,
-                             directions=[directions(m) for m in modes])
+                             directions=[direction(m) for m in modes])
     ot.set_user_attr("spec_hash", spec_hash)
     ot.set_user_attr("loopstudy_study", study)
     study_id = storage.get_study_id_from_name(name)

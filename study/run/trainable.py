@@ -34,7 +34,7 @@ class TuneSession:
     """Everything one trial says to Tune: training logs, evaluation progress, checkpoints and the last report;
     and resuming from Tune's checkpoint after a lost node."""
 
-    def __init__(self, tid: str, node: str, steps: int, objectives: list[str] = ()):
+    def __init__(self, tid: str, node: str, steps: int, objectives: tuple[str, ...] | list[str] = ()):
         self.tid, self.node, self.steps = tid, node, max(1, steps)
         self.pending = dict.fromkeys(objectives)  # every objective, None until the final report
         self.last = {"train_exact_acc": 0.0, "train_cell_acc": 0.0, "train_loss": float("nan"), "lr": 0.0, "step": 0}
