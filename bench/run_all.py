@@ -64,6 +64,11 @@ BENCHES = [
           lambda r: x(r["infiloop_time_ratio_vs_carry_last"])),
     Bench("depth_b64", ["bench/depth.py", "--time-only", "--depths", "1040", "5200", "--batch", "64"],
           "the same at batch 64", "<= 1.02x", lambda r: x(r["infiloop_time_ratio_vs_carry_last"])),
+    Bench("train_step", ["bench/train_step.py"],
+          "loopstudy's training step (Trainer.train_batch) vs a bare PyTorch loop of the same model, batch and loss "
+          "(hidden 256, batch 64, 1 thread); achieved FLOP/s against this CPU's matmul rate", "<= 1.05x",
+          lambda r: f"{x(r['ratio'])}; {r['achieved_flops_per_s'] / 1e9:.1f} GFLOP/s, "
+                    f"{100 * r['share_of_matmul_rate']:.0f}% of the matmul rate"),
     Bench("eval_readings", ["bench/eval_readings.py"],
           "one rollout read at 5 depths vs a rollout to the deepest alone", "<= 1.05x", lambda r: x(r["ratio"])),
     Bench("orchestration", ["bench/orchestration.py"],
