@@ -50,7 +50,9 @@ def write_study(root: Path, study: str, n_files: int, rows_per_file: int, seed: 
             "difficulty": pa.array(diff, mask=diff < 0), "n": pa.array(np.full(n, 100)),
             "exact_acc": pa.array(rng.random(n)), "cell_acc": pa.array(rng.random(n)),
             "halted_frac": pa.array(np.zeros(n)), "eff_layers": pa.array(d.astype(float)),
+            "flops": pa.array(d * 3.0e5), "rollout_s": pa.array(d * 1e-4),
         }
+        cols |= {f.name: pa.nulls(n, f.type) for f in sch if f.name not in cols}  # ARC's pass@k: null here
         pq.write_table(pa.table(cols, schema=sch), depth_dir / f"{tid}.parquet")
         row = {**base, "model.carry.rule": RULES[i % 3], "seed": i // 3, "trial_id": tid, "schema_version": 1,
                "status": "complete", "params": 1, "started": now, "ended": now, "wall_s": 1.0, "device": "cpu"}
