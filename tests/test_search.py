@@ -80,3 +80,23 @@ def test_the_storage_is_read_against_the_spec_folder_and_is_not_part_of_the_vers
     assert placed.optuna_storage("/elsewhere") == str(tmp_path / "searches" / "hpo.journal")
     assert plain.optuna_storage("/elsewhere") == "/elsewhere/_optuna/optuna_hpo.journal"
     assert placed.spec_hash == plain.spec_hash  # where the search is kept does not change what it runs
+
+
+@pytest.mark.parametrize("name,cls", [("tpe", "TPESampler"), ("nsga2", "NSGAIISampler"), ("gp", "GPSampler")])
+def test_each_spec_sampler_searches_two_objectives_under_a_constraint(name, cls):
+    """The samplers a spec may name take two objectives and the constraints the searcher sets (Trial.set_constraint):
+    a real Optuna study, asked and told as Tune's searcher does."""
+    from study.run.search import sampler
+    from study.spec.schema import Limit
+
+    s = sampler(name, 0)
+    assert type(s).__name__ == cls
+    study = optuna.create_study(directions=["maximize", "minimize"], sampler=s)
+    limit = Limit(min=0.5)
+    for _ in range(6):
+        trial = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+        acc, flops = trial.params["x"], 1e6 * (1 + trial.params["x"])
+        trial.set_constraint("final_exact_acc", limit.violation(acc))
+        study.tell(trial, [acc, flops])
+    assert len(study.trials) == 6 and all(len(t.values) == 2 for t in study.trials)
+    assert all(t.params["x"] >= 0.5 for t in study.best_trials)  # the front holds feasible trials only
