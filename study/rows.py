@@ -47,6 +47,10 @@ class DepthRow:
     puzzle_pass_at_2: float | None = None  # ARC: pass@2 per puzzle, the papers' headline
 
 
+# DepthRow's wall-clock columns: they differ from run to run, so two readings of one model compare without them
+DEPTH_WALL_CLOCK = ("rollout_s",)
+
+
 @dataclass
 class DynamicsRow:
     """Loop dynamics (table dynamics). kind: 'update' (per update), 'stability' (u1 -> u2 summary; update = u2,
