@@ -12,6 +12,9 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ["RAY_AUTH_MODE"] = "disabled"  # local test clusters: no token files to pass around
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# A multi-worker trial's reports wait for Ray Train's controller to collect them, once per poll (2 s by default);
+# the tests' trials report every few steps, so their clusters poll more often
+os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
 
 
 def local_cluster(*args: str) -> str:

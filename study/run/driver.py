@@ -24,7 +24,7 @@ from study.run.plan import pending_work, plan_readings, plan_work, reads_line
 from study.run.preflight import preflight_study
 from study.run.services import check_trackers
 from study.run.session import cluster_nodes, init_ray
-from study.run.tuner import build_tuner, fit, param_space
+from study.run.tuner import build_tuner, fit, param_space, trial_function, trial_resources
 from study.spec import Study
 from study.spec.schema import StudySpec
 from study.store import Store
@@ -224,13 +224,10 @@ def restored_tuner(study: Study, store: Store, root: str, path: str, done_before
     when the saved state cannot be restored: the store still knows what is complete."""
     from ray import tune
 
-    from study.run.trainable import trainable
-
-    res = study.spec.resources
     work = plan_work(study, store, done_before) or pending_work(study.trials, set(), {})
     space = param_space(study, root, work, threads(study))
     try:
-        return tune.Tuner.restore(path, tune.with_resources(trainable, {"cpu": res.cpu, "gpu": res.gpu}),
+        return tune.Tuner.restore(path, tune.with_resources(trial_function(study), trial_resources(study)),
                                   resume_unfinished=True, resume_errored=True, param_space=space)
     except Exception as e:  # a damaged tuner.pkl or experiment state
         eprint(f"[{study.name}] Tune's saved state at {path} cannot be restored ({type(e).__name__}: "

@@ -32,15 +32,29 @@ def check_resources(study: Study, cluster: dict[str, float]) -> None:
     if res.gpu > 0 and any(c.train.device == "cpu" for c in study.trials):
         raise ConfigError(f"{study.source}: resources.gpu={res.gpu} but train.device is 'cpu'; set "
                           "train.device: cuda")
-    if res.cpu > cluster.get("CPU", 0):
-        raise ConfigError(f"{study.source}: resources.cpu={res.cpu} but the cluster has only "
+    if res.cpu * res.workers > cluster.get("CPU", 0):
+        each = f" for each of resources.workers={res.workers}" if res.workers > 1 else ""
+        raise ConfigError(f"{study.source}: resources.cpu={res.cpu}{each} but the cluster has only "
                           f"{cluster.get('CPU', 0):g} CPUs")
+    if res.workers > 1 and res.gpu * res.workers > cluster.get("GPU", 0):
+        raise ConfigError(f"{study.source}: resources.workers={res.workers} with resources.gpu={res.gpu} each, but "
+                          f"the cluster has only {cluster.get('GPU', 0):g} GPUs")
+    uneven = sorted({c.train.batch_size for c in known_configs(study) if c.train.batch_size % res.workers}
+                    if res.workers > 1 else ())
+    if uneven:
+        raise ConfigError(f"{study.source}: train.batch_size {uneven[0]} does not split evenly over "
+                          f"resources.workers={res.workers} (it is the global batch: each worker trains on "
+                          f"batch_size / workers rows); use a multiple of {res.workers}")
+
+
+def known_configs(study: Study) -> list:
+    """The study's trial configs (an Optuna search's: its base config)."""
+    return study.trials or [build_trial({**study.spec.base(), "seed": study.spec.sweep.seeds[0]}, study.source)]
 
 
 def data_files(study: Study) -> list[str]:
     """Task data files the study's trials read (the base config's for an Optuna search)."""
-    configs = study.trials or [build_trial({**study.spec.base(), "seed": study.spec.sweep.seeds[0]}, study.source)]
-    return [p for c in configs for p in (c.task.csv, c.task.test_csv) if p]
+    return [p for c in known_configs(study) for p in (c.task.csv, c.task.test_csv) if p]
 
 
 def check_storage(root: str, nodes: list[dict[str, Any]], shared: bool, data_files: list[str] = (),

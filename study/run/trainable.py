@@ -9,7 +9,8 @@ every report); `step` is the training step, ASHA's time (checkpoint and evaluati
 never advance a rung); `final` marks the last report of a trial that completed (one without it was stopped);
 `phase` and `progress` feed the driver's status lines. A search with several objectives gets each of them in every
 report (None until the last: Tune checks that every report names what the searcher reads; its searcher reads only
-the last).
+the last). With resources.workers > 1 the Tune trial is study.run.workers', which runs the same work (run_work)
+on that many Ray Train workers, and they send the same reports.
 """
 
 from __future__ import annotations
@@ -32,21 +33,26 @@ EVAL_REPORT_S = 15.0  # a trial reports evaluation progress at most this often
 
 class TuneSession:
     """Everything one trial says to Tune: training logs, evaluation progress, checkpoints and the last report;
-    and resuming from Tune's checkpoint after a lost node."""
+    and resuming from Tune's checkpoint after a lost node.
 
-    def __init__(self, tid: str, node: str, steps: int, objectives: tuple[str, ...] | list[str] = ()):
+    api: ray.tune in a Tune trial; ray.train in a data-parallel worker (study.run.workers), whose rank-0 reports
+    Ray Train hands on to Tune. Ray Train counts every worker's reports alike, so with several workers each one
+    reports at the same steps: the others report without a checkpoint, and nobody reports evaluation progress
+    (only rank 0 evaluates)."""
+
+    def __init__(self, tid: str, node: str, steps: int, objectives: tuple[str, ...] | list[str] = (), *, api,
+                 rank: int = 0, world: int = 1):
         self.tid, self.node, self.steps = tid, node, max(1, steps)
+        self.api, self.rank, self.world = api, rank, world
         self.pending = dict.fromkeys(objectives)  # every objective, None until the final report
         self.last = {"train_exact_acc": 0.0, "train_cell_acc": 0.0, "train_loss": float("nan"), "lr": 0.0, "step": 0}
         self.next_eval_report = time.monotonic() + EVAL_REPORT_S
 
     def report(self, objective: float, checkpoint=None, **extra) -> None:
-        from ray import tune
-
         # our trial id as `trial`: Tune fills `trial_id` in every result with its own
-        tune.report({"trial": self.tid, "objective": objective, "node": self.node, **self.pending, **self.last,
-                     **extra},
-                    checkpoint=checkpoint)
+        self.api.report({"trial": self.tid, "objective": objective, "node": self.node, "workers": self.world,
+                             **self.pending, **self.last, **extra},
+                            checkpoint=checkpoint)
 
     def on_log(self, log) -> None:
         self.last.update(train_exact_acc=log.exact_acc, train_cell_acc=log.cell_acc, train_loss=log.loss,
@@ -54,24 +60,24 @@ class TuneSession:
         self.report(log.cell_acc, phase="train", progress=log.step / self.steps)
 
     def on_eval_progress(self, done: int, total: int) -> None:
-        if time.monotonic() >= self.next_eval_report:
+        if self.world == 1 and time.monotonic() >= self.next_eval_report:
             self.next_eval_report = time.monotonic() + EVAL_REPORT_S
             self.report(self.last["train_cell_acc"], phase="eval", progress=done / total)
 
     def checkpoint(self, trainer) -> None:
-        from ray import tune
-
+        if self.rank:  # the replicas are equal: rank 0's checkpoint holds them all
+            self.report(self.last["train_cell_acc"])
+            return
         with tempfile.TemporaryDirectory() as d:
             trainer.save(Path(d) / CKPT_FILE)
-            self.report(self.last["train_cell_acc"], checkpoint=tune.Checkpoint.from_directory(d))
+            self.report(self.last["train_cell_acc"], checkpoint=self.api.Checkpoint.from_directory(d))
 
     def resume(self, trainer) -> None:
-        from ray import tune
-
-        ckpt = tune.get_checkpoint()
+        ckpt = self.api.get_checkpoint()
         if ckpt is not None:
             with ckpt.as_directory() as d:
                 trainer.load(Path(d) / CKPT_FILE)
+            self.last["resumed_step"] = trainer.step  # every later report says where this attempt began
 
     def hooks(self):
         """What run_trial tells Tune, and how it checkpoints and resumes through Tune."""
@@ -116,8 +122,16 @@ def stored_metrics(store: Store, study: str, tid: str) -> dict[str, float]:
 
 def trainable(config: dict[str, Any]) -> None:
     """One Tune trial: train a config and read its weights each way the study asks, or read stored weights only
-    (study.run.plan). config: trial (and searched), store, study, metric, threads, spec_hash."""
+    (study.run.plan). config: trial (and searched), store, study, metric, threads, spec_hash (and workers, each
+    one's cpu and gpu, and max_failures, read by study.run.workers)."""
+    run_work(config)
+
+
+def run_work(config: dict[str, Any], *, api=None, parallel=None) -> None:
+    """What one trial does (see trainable), in the Tune trial itself or in each data-parallel worker (api:
+    ray.train; parallel: the worker's study.trial.data_parallel.DataParallel): rank 0 writes and evaluates."""
     import ray
+    from ray import tune
 
     from study.trial.execute import TrialContext, TrialHooks, evaluate_stored, run_trial
 
@@ -125,23 +139,33 @@ def trainable(config: dict[str, Any]) -> None:
     store = Store(config["store"])
     study_name, metric = config["study"], config["metric"]
     node = ray.get_runtime_context().get_node_id()
-    context = TrialContext(store, study_name, node, metric, config.get("spec_hash"))
+    rank, world = (parallel.rank, parallel.world) if parallel is not None else (0, 1)
+    context = TrialContext(store if rank == 0 else None, study_name, node, metric, config.get("spec_hash"),
+                           workers=world)
+
+    def tune_session(tid: str, steps: int) -> TuneSession:
+        return TuneSession(tid, node, steps, config.get("objectives", []), api=api or tune, rank=rank, world=world)
+
     if work.train is None:  # every reading is of weights stored by an earlier trial
-        session = TuneSession(work.readings[0].tid, node, 1, config.get("objectives", []))
+        session = tune_session(work.readings[0].tid, 1)
         evaluate_stored(work.weights_of, work.readings, context=context,
                         hooks=TrialHooks(on_eval_progress=session.on_eval_progress))
         stored = stored_metrics(store, study_name, work.readings[0].tid)
         session.report(stored[metric], final=1, **stored)
         return
     tid = trial_id(cfg)
-    session = TuneSession(tid, node, cfg.train.steps, config.get("objectives", []))
+    session = tune_session(tid, cfg.train.steps)
     if store.is_complete(study_name, tid):  # e.g. two Optuna samples that resolve to the same config
-        if work.readings:  # trained by an earlier attempt whose readings did not all finish
+        if work.readings and rank == 0:  # trained by an earlier attempt whose readings did not all finish
             evaluate_stored(tid, work.readings, context=context,
                             hooks=TrialHooks(on_eval_progress=session.on_eval_progress))
         stored = stored_metrics(store, study_name, tid)
         session.report(stored[metric], skipped=1, final=1, **stored)
         return
-    metrics, result = run_trial(cfg, context=context, hooks=session.hooks(), readings=work.readings)
+    metrics, result = run_trial(cfg, context=context, hooks=session.hooks(), readings=work.readings,
+                                parallel=parallel)
+    if result is None:  # a worker beside rank 0: its last report mirrors rank 0's, which Tune hears
+        session.report(0.0, final=1)
+        return
     # the depth curve rides along for the trackers (study/run/tracking.py); the store has every row
     session.report(metrics[metric], final=1, **metrics, **depth_report(result.depth))

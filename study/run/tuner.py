@@ -24,7 +24,9 @@ def param_space(study: Study, root: str, work: list[WorkItem], threads: int) -> 
     from ray import tune
 
     spec, sweep = study.spec, study.spec.sweep
+    res = spec.resources
     common = {"store": root, "study": spec.name, "threads": threads, "spec_hash": study.spec_hash,
+              "workers": res.workers, "cpu": res.cpu, "gpu": res.gpu, "max_failures": sweep.max_failures,
               "metric": sweep.optuna.metrics[0] if sweep.optuna else DEFAULT_METRIC,
               "objectives": sweep.optuna.metrics if sweep.optuna and sweep.optuna.multi else []}
     if sweep.optuna is not None:
@@ -42,6 +44,26 @@ def param_space(study: Study, root: str, work: list[WorkItem], threads: int) -> 
     return {**common, "trial": tune.grid_search([w.to_json() for w in work])}
 
 
+def trial_function(study: Study):
+    """The Tune trial: study.run.trainable's, or with resources.workers > 1 study.run.workers', which runs the same
+    work on that many Ray Train workers. (torch: imported when a driver builds its Tuner, not before.)"""
+    if study.spec.resources.workers > 1:
+        from study.run.workers import fit_on_workers
+
+        return fit_on_workers
+    from study.run.trainable import trainable
+
+    return trainable
+
+
+def trial_resources(study: Study) -> dict[str, float]:
+    """What one Tune trial holds: the spec's resources; with resources.workers > 1 its workers hold them and the
+    trial only waits on its Ray Train run (study.run.workers), so it holds no CPU (a CPU share would keep a worker
+    off that node) and, as Ray wants something in a bundle, a MiB of memory."""
+    res = study.spec.resources
+    return {"cpu": res.cpu, "gpu": res.gpu} if res.workers == 1 else {"cpu": 0, "gpu": 0, "memory": 1 << 20}
+
+
 def build_tuner(study: Study, root: str, work: list[WorkItem], threads: int, search: OptunaStudy | None = None,
                 evaluate: bool = False):
     """The Tuner for the pending work (grid) or the rest of the Optuna search, and its progress callback.
@@ -49,8 +71,6 @@ def build_tuner(study: Study, root: str, work: list[WorkItem], threads: int, sea
     short) and an experiment folder of their own (the study's is the one `resume` restores)."""
     from ray import tune
     from ray.tune.logger import JsonLoggerCallback
-
-    from study.run.trainable import trainable  # torch: imported when a driver builds its Tuner, not before
 
     spec, sweep = study.spec, study.spec.sweep
     mode = sweep.optuna.modes[0] if sweep.optuna else "max"
@@ -67,7 +87,6 @@ def build_tuner(study: Study, root: str, work: list[WorkItem], threads: int, sea
         # trial past the last rung is not stopped at max_t but trains on and is evaluated
         scheduler = ASHAScheduler(time_attr="step", max_t=sweep.asha.max_t, grace_period=sweep.asha.grace_period,
                                   reduction_factor=sweep.asha.reduction_factor, stop_last_trials=False)
-    resources = {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu}
     total = num_samples if sweep.optuna else len(work)
     from study.run.progress import Progress
 
@@ -80,7 +99,7 @@ def build_tuner(study: Study, root: str, work: list[WorkItem], threads: int, sea
                                      swept=list(sweep.grid))
         names = {"trial_name_creator": params.name, "trial_dirname_creator": params.dirname}
     tuner = tune.Tuner(
-        tune.with_resources(trainable, resources),
+        tune.with_resources(trial_function(study), trial_resources(study)),
         param_space=param_space(study, root, work, threads),
         # several objectives: the searcher holds them, and Tune's own metric and mode stay unset, as Tune asks
         tune_config=tune.TuneConfig(**({} if search is not None and sweep.optuna.multi else

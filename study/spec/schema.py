@@ -209,10 +209,12 @@ class SweepSpec(Strict):
 
 
 class Resources(Strict):
-    # CPUs per trial (a fraction shares one)
+    # CPUs per trial, per worker when several train it (a fraction shares one)
     cpu: float = 1.0
-    # GPUs per trial (0.5: two trials share one GPU)
+    # GPUs per trial, per worker when several train it: at most 1 (0.5: two trials share one GPU)
     gpu: float = 0.0
+    # data-parallel workers per trial (Ray Train inside the Tune trial; train.batch_size stays the global batch)
+    workers: int = 1
 
     @field_validator("cpu")
     @classmethod
@@ -226,6 +228,16 @@ class Resources(Strict):
     def _gpu(cls, v: float) -> float:
         if not 0 <= v < math.inf:  # NaN too: Ray would wait forever for a NaN GPU
             raise ValueError(f"{v} is not allowed; it must be >= 0 (a fraction such as 0.5 shares one GPU)")
+        if v > 1:  # a worker trains on one device: more than one would sit idle
+            raise ValueError(f"{v:g} is not allowed; a worker trains on one GPU (at most 1). To train a trial on "
+                             f"{v:g} GPUs, set resources.gpu: 1 and resources.workers: {math.ceil(v)}")
+        return v
+
+    @field_validator("workers")
+    @classmethod
+    def _workers(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError(f"{v} is not allowed; a trial needs at least 1 worker")
         return v
 
 

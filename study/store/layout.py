@@ -6,6 +6,7 @@
     <root>/_compacting/<name>.json                        per-trial files a running compaction is removing
     <root>/_tune/<name>/                                  Ray Tune's experiment state (checkpoints, resume)
     <root>/_tune/_evaluate/<name>/                        the same for `loopstudy evaluate` of the study
+    <root>/_tune/_train/<name>/<trial_id>/                Ray Train's run of a trial on several workers (checkpoints)
     <root>/_leases/<name>.json                            the driver running the study (store/lease.py)
     <root>/_optuna/<name>.journal                         an Optuna search's study (optuna_storage.py)
     <root>/_tracking/<name>/                              MLflow's and W&B's local runs (tracking.py)
@@ -83,6 +84,12 @@ def evaluate_tune_dir(root: str) -> str:
     """Where Tune keeps the experiments of `loopstudy evaluate` (one per study, apart from the study's own run, which
     `loopstudy resume` restores); no study name starts with '_'."""
     return join(root, "_tune", "_evaluate")
+
+
+def train_runs_dir(root: str, study: str) -> str:
+    """Where Ray Train keeps the runs of a study's trials that train on several workers (resources.workers), one
+    run per trial id: its checkpoints, from which a restarted worker group or a retried trial resumes."""
+    return join(root, "_tune", "_train", study)
 
 
 def optuna_journal(root: str, study: str) -> str:

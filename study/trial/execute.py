@@ -25,6 +25,7 @@ from study.metrics import DEFAULT_METRIC, summary_metrics
 from study.models.reasoner import build_reasoner
 from study.store import Store, config_row, now_utc
 from study.tasks.loader import load_task
+from study.trial.data_parallel import DataParallel
 from study.trial.preflight import preflight_trial
 from study.trial.train import Trainer, TrainLog, seed_everything
 from study.trial.weights import StoredWeights, load_weights, save_weights
@@ -34,13 +35,15 @@ from study.trial.work import Reading, kept_steps
 @dataclass(frozen=True)
 class TrialContext:
     """Where a trial's rows go and what it runs under: the store (None: nothing is written), the study, the Ray
-    node it runs on, the study's objective (sweep.optuna.metric) and the spec version (spec_hash)."""
+    node it runs on, the study's objective (sweep.optuna.metric), the spec version (spec_hash) and the
+    data-parallel workers that train it (resources.workers)."""
 
     store: Store | None = None
     study_name: str = "adhoc"
     node: str | None = None
     metric: str = DEFAULT_METRIC
     spec_hash: str | None = None
+    workers: int = 1
 
 
 @dataclass(frozen=True)
@@ -86,7 +89,8 @@ class TrialRecorder:
         self.fixed = {**config_row(to_dict(cfg)), "params": sum(p.numel() for p in model.parameters()),
                       "started": self.started, "device": device_name(cfg.train.device),
                       "package_version": study.__version__, "git_commit": git_commit(), "node": node,
-                      "spec_hash": spec_hash, "eval_id": eval_id(cfg), "weights_of": weights_of}
+                      "spec_hash": spec_hash, "eval_id": eval_id(cfg), "weights_of": weights_of,
+                      "workers": context.workers if weights_of is None else 1}
         self.kept: dict[int, str] = {}  # training step -> sha256 of the weights kept there
         self.weights: StoredWeights | None = None  # the final weights, once stored
 
@@ -137,19 +141,21 @@ class TrialRecorder:
 
 
 def run_trial(cfg: TrialConfig, *, context: TrialContext = TrialContext(), hooks: TrialHooks = TrialHooks(),
-              readings: Sequence[Reading] = ()) -> tuple[dict[str, float], EvalResult]:
+              readings: Sequence[Reading] = (), parallel: DataParallel | None = None
+              ) -> tuple[dict[str, float], EvalResult | None]:
     """Train and evaluate one configuration; returns (summary metrics, evaluation rows).
 
     With a store in the context, rows are written as the trial goes (TrialRecorder) before hooks.on_log sees each
     log, and the final weights (every train.keep_checkpoints-th checkpoint's too) are stored (study.trial.weights).
     readings: other evaluations of the same weights (configs differing in eval.* keys only), each stored as its own
-    trial.
+    trial. parallel: this worker's place among several that train the trial (study.trial.data_parallel); only
+    rank 0 evaluates (the others return ({}, None) once trained) and only its context should hold the store.
     """
     preflight_trial(cfg, context.store)
     seed_everything(cfg.seed)
     task = load_task(cfg.task)
     model = build_reasoner(cfg.model, task.spec)
-    trainer = Trainer(model, task, cfg.train, cfg.seed)
+    trainer = Trainer(model, task, cfg.train, cfg.seed, parallel)
     recorder = TrialRecorder(context, cfg, model)
     if hooks.resume is not None:
         hooks.resume(trainer)
@@ -163,6 +169,8 @@ def run_trial(cfg: TrialConfig, *, context: TrialContext = TrialContext(), hooks
             hooks.on_log(log)
 
     history = trainer.fit(on_log=logged, checkpoint=keeping(recorder, hooks.checkpoint))
+    if parallel is not None and parallel.rank != 0:
+        return {}, None
     evaluated = trainer.eval_model()
     recorder.store_weights(evaluated, trainer.step)
     hooks.say("evaluating")

@@ -12,6 +12,7 @@ exactly as an uninterrupted one.
 from __future__ import annotations
 
 import copy
+import math
 import random
 import time
 from collections.abc import Callable
@@ -28,6 +29,7 @@ from study.paths import atomic_target
 from study.rows import TrainLog
 from study.tasks import IGNORE, Split, accuracies
 from study.tasks.loader import Task
+from study.trial.data_parallel import DataParallel
 from study.trial.puzzle_optim import optimizers
 
 
@@ -37,12 +39,18 @@ def stablemax_log_probs(logits: torch.Tensor) -> torch.Tensor:
     return torch.log(s / s.sum(-1, keepdim=True))
 
 
-def cell_loss(logits: torch.Tensor, labels: torch.Tensor, kind: str) -> torch.Tensor:
+def cell_loss(logits: torch.Tensor, labels: torch.Tensor, kind: str, scored: int | None = None) -> torch.Tensor:
+    """The mean loss over the scored cells; with `scored` (a data-parallel worker's rows: study.trial.data_parallel),
+    the rows' summed loss over that many cells of the global batch."""
     logits = logits.float().flatten(0, 1)
     labels = labels.flatten()
+    reduction = "mean" if scored is None else "sum"
     if kind == "stablemax":
-        return F.nll_loss(stablemax_log_probs(logits.double()).float(), labels, ignore_index=IGNORE)
-    return F.cross_entropy(logits, labels, ignore_index=IGNORE)
+        loss = F.nll_loss(stablemax_log_probs(logits.double()).float(), labels, ignore_index=IGNORE,
+                          reduction=reduction)
+    else:
+        loss = F.cross_entropy(logits, labels, ignore_index=IGNORE, reduction=reduction)
+    return loss if scored is None else loss / max(scored, 1)
 
 
 def lr_at(cfg: TrainConfig, step: int) -> float:
@@ -83,10 +91,12 @@ def autocast(cfg: TrainConfig):
 
 
 class Trainer:
-    """Holds everything a run needs to continue: model, optimizer, EMA, data RNG, step."""
+    """Holds everything a run needs to continue: model, optimizer, EMA, data RNG, step. parallel: this worker's
+    place when several train the trial (study.trial.data_parallel); None: one worker, the whole batch."""
 
-    def __init__(self, model: Reasoner, task: Task, cfg: TrainConfig, seed: int):
-        self.model, self.task, self.cfg, self.seed = model, task, cfg, seed
+    def __init__(self, model: Reasoner, task: Task, cfg: TrainConfig, seed: int,
+                 parallel: DataParallel | None = None):
+        self.model, self.task, self.cfg, self.seed, self.parallel = model, task, cfg, seed, parallel
         self.device = torch.device(cfg.device)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
@@ -95,6 +105,7 @@ class Trainer:
         # clipped in the model's own order (the norm's float sum depends on it): the puzzle table is not clipped
         table = self.model.puzzle.weight if getattr(self.model, "puzzle", None) is not None else None
         self.clipped = [p for p in self.model.parameters() if p is not table]
+        self.exchanged = list(self.model.parameters())  # what data-parallel workers sum over (the table too)
         self.ema = EMA(model, cfg.ema)
         self.data_rng = np.random.default_rng(seed)
         self.step = 0
@@ -144,7 +155,10 @@ class Trainer:
         """One batch: n_sup supervised updates, an optimizer step after each."""
         cfg, model = self.cfg, self.model
         model.train()
-        batch = self.next_batch()
+        batch, scored = self.next_batch(), None
+        if self.parallel is not None:  # the global batch's scored cells, then this worker's rows of it
+            scored = int((batch.labels != IGNORE).sum())
+            batch = batch.take(self.parallel.rows(len(batch)))
         tokens = torch.as_tensor(batch.inputs, device=self.device)
         labels = torch.as_tensor(batch.labels, device=self.device)
         state = None
@@ -153,43 +167,60 @@ class Trainer:
         for _ in range(cfg.n_sup):
             if self.step >= cfg.steps:
                 break
-            for g in self.opt.param_groups:
-                g["lr"] = lr_at(cfg, self.step)
-            if self.puzzle_opt is not None:  # the same warmup, from its own peak
-                for g in self.puzzle_opt.param_groups:
-                    g["lr"] = cfg.puzzle_lr * lr_at(cfg, self.step) / cfg.lr
-            with autocast(cfg):
-                x = model.embed(tokens)
-                state = model.init_state(x) if state is None else state.detach()
-                state = model.update(x, state)
-                logits = model.logits(state)
-                prog = self.progressive_logits(x) if cfg.progressive else None
-            loss = cell_loss(logits, labels, cfg.loss)
-            if prog is not None:
-                loss = (1 - cfg.progressive) * loss + cfg.progressive * cell_loss(prog, labels, cfg.loss)
-            if not torch.isfinite(loss.detach()):
-                raise TrainingError(f"the training loss became {float(loss):.4g} at step {self.step + 1} (lr "
-                                    f"{lr_at(cfg, self.step):.3g}): training diverged, so the trial stores no "
-                                    "results. Lower train.lr, or clip gradients (train.grad_clip)")
-            self.opt.zero_grad(set_to_none=True)
-            if self.puzzle_opt is not None:
-                self.puzzle_opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.grad_clip:  # the model's parameters (sign-SGD does not see a gradient's scale)
-                torch.nn.utils.clip_grad_norm_(self.clipped, cfg.grad_clip)
-            self.opt.step()
-            if self.puzzle_opt is not None:
-                self.puzzle_opt.step()
-            self.ema.update(model)
-            self.step += 1
-            losses.append(float(loss.detach()))
+            state, logits, value = self.update(tokens, labels, state, scored)
+            losses.append(value)
             preds = logits.argmax(-1)
         self.batches += 1
         exact, cell = accuracies(preds.cpu().numpy(), batch.labels)
-        log = TrainLog(self.step, float(np.mean(losses)), float(cell.mean()), float(exact.mean()),
-                       lr_at(cfg, self.step - 1), time.perf_counter() - t0)
+        exact_acc, cell_acc = float(exact.mean()), float(cell.mean())
+        if self.parallel is not None:  # over the global batch
+            exact_sum, cell_sum = self.parallel.total([float(exact.sum()), float(cell.sum())], self.device)
+            exact_acc, cell_acc = exact_sum / cfg.batch_size, cell_sum / cfg.batch_size
+        log = TrainLog(self.step, float(np.mean(losses)), cell_acc, exact_acc, lr_at(cfg, self.step - 1),
+                       time.perf_counter() - t0)
         self.history.append(log)
         return log
+
+    def update(self, tokens: torch.Tensor, labels: torch.Tensor, state, scored: int | None):
+        """One supervised update from `state` (None: a fresh one) and its optimizer step; returns (the state, the
+        logits, the global batch's loss). scored: see cell_loss."""
+        cfg, model = self.cfg, self.model
+        for g in self.opt.param_groups:
+            g["lr"] = lr_at(cfg, self.step)
+        if self.puzzle_opt is not None:  # the same warmup, from its own peak
+            for g in self.puzzle_opt.param_groups:
+                g["lr"] = cfg.puzzle_lr * lr_at(cfg, self.step) / cfg.lr
+        with autocast(cfg):
+            x = model.embed(tokens)
+            state = model.init_state(x) if state is None else state.detach()
+            state = model.update(x, state)
+            logits = model.logits(state)
+            prog = self.progressive_logits(x) if cfg.progressive else None
+        loss = cell_loss(logits, labels, cfg.loss, scored)
+        if prog is not None:
+            loss = (1 - cfg.progressive) * loss + cfg.progressive * cell_loss(prog, labels, cfg.loss, scored)
+        # the global batch's loss (every worker sees it, so all of them stop together when it diverges)
+        value = float(loss.detach())
+        if self.parallel is not None:
+            value = self.parallel.total([value], self.device)[0]
+        if not math.isfinite(value):
+            raise TrainingError(f"the training loss became {value:.4g} at step {self.step + 1} (lr "
+                                f"{lr_at(cfg, self.step):.3g}): training diverged, so the trial stores no "
+                                "results. Lower train.lr, or clip gradients (train.grad_clip)")
+        self.opt.zero_grad(set_to_none=True)
+        if self.puzzle_opt is not None:
+            self.puzzle_opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.parallel is not None:
+            self.parallel.exchange(self.exchanged)
+        if cfg.grad_clip:  # the model's parameters (sign-SGD does not see a gradient's scale)
+            torch.nn.utils.clip_grad_norm_(self.clipped, cfg.grad_clip)
+        self.opt.step()
+        if self.puzzle_opt is not None:
+            self.puzzle_opt.step()
+        self.ema.update(model)
+        self.step += 1
+        return state, logits, value
 
     def progressive_logits(self, x: torch.Tensor) -> torch.Tensor:
         """The logits Deep Thinking's progressive loss (train.progressive) scores: from a fresh state, n steps without

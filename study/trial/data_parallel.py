@@ -1,0 +1,77 @@
+"""One trial trained by several data-parallel workers (resources.workers; the process group is Ray Train's, set up
+by study.run.workers: gloo on CPU, NCCL on GPUs).
+
+Every worker draws the same global batch from the same data RNG, so data order, augmentation and the progressive
+loss's draws follow the global step whatever the worker count, and trains on its own rows of it (rank r of N: rows
+r*B/N .. (r+1)*B/N). Its loss is its rows' summed cell loss over the global batch's scored cells, so the workers'
+gradients add up to the one-worker gradient of the mean. Then one exchange per update:
+
+- the model's dense gradients: one all-reduce (sum) of a single flattened buffer;
+- ARC's puzzle embedding under sign-SGD (study.trial.puzzle_optim): rows only. Each worker's sparse gradient names
+  the few hundred rows its batch used; the workers all-gather those ids and row gradients and sum repeated rows, so
+  the 730,155-row table is never reduced densely.
+
+Every worker then holds the same gradient and takes the same optimizer, EMA and clipping steps: the replicas stay
+equal without a broadcast. Rank 0 checkpoints, stores and evaluates (study.trial.execute).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DataParallel:
+    """This worker's place among the trial's data-parallel workers."""
+
+    rank: int
+    world: int
+
+    def rows(self, batch_size: int) -> slice:
+        """This worker's rows of a global batch (train.batch_size is a multiple of the worker count:
+        study.run.preflight)."""
+        per = batch_size // self.world
+        return slice(self.rank * per, (self.rank + 1) * per)
+
+    def total(self, values: list[float], device: torch.device) -> list[float]:
+        """Each value summed over the workers (a loss, counts for the training log)."""
+        t = torch.tensor(values, dtype=torch.float64, device=device)
+        dist.all_reduce(t)
+        return t.tolist()
+
+    def exchange(self, params: list[torch.nn.Parameter]) -> None:
+        """Sum every gradient over the workers, in place: the dense ones in one flattened all-reduce, a sparse one
+        (the puzzle table's) by its rows."""
+        dense = [p.grad for p in params if p.grad is not None and not p.grad.is_sparse]
+        if dense:
+            flat = torch.cat([g.reshape(-1) for g in dense])
+            dist.all_reduce(flat)
+            for g, part in zip(dense, flat.split([g.numel() for g in dense]), strict=True):
+                g.copy_(part.view_as(g))
+        for p in params:
+            if p.grad is not None and p.grad.is_sparse:
+                p.grad = self.gather_rows(p.grad)
+
+    def gather_rows(self, grad: torch.Tensor) -> torch.Tensor:
+        """A sparse row gradient summed over the workers: all-gather of ids and rows (padded to the longest,
+        trimmed back), repeated rows added by coalesce."""
+        grad = grad.coalesce()
+        ids, rows = grad.indices()[0], grad.values()
+        count = torch.tensor([ids.numel()], device=ids.device)
+        counts = [torch.zeros_like(count) for _ in range(self.world)]
+        dist.all_gather(counts, count)
+        counts = [int(c) for c in counts]
+        longest = max(counts)
+        padded_ids = torch.zeros(longest, dtype=ids.dtype, device=ids.device)
+        padded_rows = torch.zeros((longest, *rows.shape[1:]), dtype=rows.dtype, device=rows.device)
+        padded_ids[:len(ids)], padded_rows[:len(rows)] = ids, rows
+        all_ids = [torch.empty_like(padded_ids) for _ in range(self.world)]
+        all_rows = [torch.empty_like(padded_rows) for _ in range(self.world)]
+        dist.all_gather(all_ids, padded_ids)
+        dist.all_gather(all_rows, padded_rows)
+        ids = torch.cat([t[:n] for t, n in zip(all_ids, counts, strict=True)])
+        rows = torch.cat([t[:n] for t, n in zip(all_rows, counts, strict=True)])
+        return torch.sparse_coo_tensor(ids[None], rows, grad.shape).coalesce()
