@@ -69,6 +69,10 @@ BENCHES = [
           "(hidden 256, batch 64, 1 thread); achieved FLOP/s against this CPU's matmul rate", "<= 1.05x",
           lambda r: f"{x(r['ratio'])}; {r['achieved_flops_per_s'] / 1e9:.1f} GFLOP/s, "
                     f"{100 * r['share_of_matmul_rate']:.0f}% of the matmul rate"),
+    Bench("data_parallel", ["bench/data_parallel.py"],
+          "a trial's training on 2 data-parallel workers x 1 thread vs 1 worker x 1 thread, same global batch (64, "
+          "hidden 256): samples per second, and the share of a 2-worker step waiting on the gradient exchange",
+          ">= 1.7x", lambda r: f"{x(r['speedup'])}; exchange {100 * r['exchange_share']:.1f}% of a step"),
     Bench("eval_readings", ["bench/eval_readings.py"],
           "one rollout read at 5 depths vs a rollout to the deepest alone", "<= 1.05x", lambda r: x(r["ratio"])),
     Bench("orchestration", ["bench/orchestration.py"],

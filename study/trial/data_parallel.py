@@ -6,7 +6,7 @@ loss's draws follow the global step whatever the worker count, and trains on its
 r*B/N .. (r+1)*B/N). Its loss is its rows' summed cell loss over the global batch's scored cells, so the workers'
 gradients add up to the one-worker gradient of the mean. Then one exchange per update:
 
-- the model's dense gradients: one all-reduce (sum) of a single flattened buffer;
+- the model's dense gradients: all-reduces (sum) of flattened buckets, each launched while backward still runs;
 - ARC's puzzle embedding under sign-SGD (study.trial.puzzle_optim): rows only. Each worker's sparse gradient names
   the few hundred rows its batch used; the workers all-gather those ids and row gradients and sum repeated rows, so
   the 730,155-row table is never reduced densely.
@@ -42,18 +42,9 @@ class DataParallel:
         dist.all_reduce(t)
         return t.tolist()
 
-    def exchange(self, params: list[torch.nn.Parameter]) -> None:
-        """Sum every gradient over the workers, in place: the dense ones in one flattened all-reduce, a sparse one
-        (the puzzle table's) by its rows."""
-        dense = [p.grad for p in params if p.grad is not None and not p.grad.is_sparse]
-        if dense:
-            flat = torch.cat([g.reshape(-1) for g in dense])
-            dist.all_reduce(flat)
-            for g, part in zip(dense, flat.split([g.numel() for g in dense]), strict=True):
-                g.copy_(part.view_as(g))
-        for p in params:
-            if p.grad is not None and p.grad.is_sparse:
-                p.grad = self.gather_rows(p.grad)
+    def exchange(self, params: list[torch.nn.Parameter]) -> GradientExchange:
+        """What sums `params`' gradients over the workers in every backward (see GradientExchange)."""
+        return GradientExchange(self, params)
 
     def gather_rows(self, grad: torch.Tensor) -> torch.Tensor:
         """A sparse row gradient summed over the workers: all-gather of ids and rows (padded to the longest,
@@ -75,3 +66,46 @@ class DataParallel:
         ids = torch.cat([t[:n] for t, n in zip(all_ids, counts, strict=True)])
         rows = torch.cat([t[:n] for t, n in zip(all_rows, counts, strict=True)])
         return torch.sparse_coo_tensor(ids[None], rows, grad.shape).coalesce()
+
+
+class GradientExchange:
+    """Sums a model's gradients over the workers in every backward, in place. The dense ones are all-reduced in
+    buckets of about BUCKET_NUMEL elements, each launched (asynchronously) as soon as backward has produced its
+    gradients, so the exchange overlaps the rest of backward; `finish()` after backward waits for them and then
+    exchanges the sparse one (the puzzle table's) by its rows. Backward produces the gradients in the same order on
+    every worker, so every worker forms the same buckets."""
+
+    BUCKET_NUMEL = 1 << 20  # 4 MB of fp32 per all-reduce
+
+    def __init__(self, parallel: DataParallel, params: list[torch.nn.Parameter]):
+        self.parallel, self.params = parallel, params
+        self.pending: list[torch.Tensor] = []
+        self.inflight: list[tuple] = []
+        for p in params:
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(self.ready)
+
+    def ready(self, p: torch.nn.Parameter) -> None:
+        if p.grad is None or p.grad.is_sparse:
+            return
+        self.pending.append(p.grad)
+        if sum(g.numel() for g in self.pending) >= self.BUCKET_NUMEL:
+            self.launch()
+
+    def launch(self) -> None:
+        if self.pending:
+            flat = torch.cat([g.reshape(-1) for g in self.pending])
+            self.inflight.append((dist.all_reduce(flat, async_op=True), flat, self.pending))
+            self.pending = []
+
+    def finish(self) -> None:
+        """After backward: every gradient summed over the workers."""
+        self.launch()
+        for work, flat, grads in self.inflight:
+            work.wait()
+            for g, part in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
+                g.copy_(part.view_as(g))
+        self.inflight = []
+        for p in self.params:
+            if p.grad is not None and p.grad.is_sparse:
+                p.grad = self.parallel.gather_rows(p.grad)

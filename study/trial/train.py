@@ -105,7 +105,8 @@ class Trainer:
         # clipped in the model's own order (the norm's float sum depends on it): the puzzle table is not clipped
         table = self.model.puzzle.weight if getattr(self.model, "puzzle", None) is not None else None
         self.clipped = [p for p in self.model.parameters() if p is not table]
-        self.exchanged = list(self.model.parameters())  # what data-parallel workers sum over (the table too)
+        # what data-parallel workers sum over, the table too (study.trial.data_parallel)
+        self.exchange = parallel.exchange(list(self.model.parameters())) if parallel is not None else None
         self.ema = EMA(model, cfg.ema)
         self.data_rng = np.random.default_rng(seed)
         self.step = 0
@@ -211,8 +212,8 @@ class Trainer:
         if self.puzzle_opt is not None:
             self.puzzle_opt.zero_grad(set_to_none=True)
         loss.backward()
-        if self.parallel is not None:
-            self.parallel.exchange(self.exchanged)
+        if self.exchange is not None:
+            self.exchange.finish()
         if cfg.grad_clip:  # the model's parameters (sign-SGD does not see a gradient's scale)
             torch.nn.utils.clip_grad_norm_(self.clipped, cfg.grad_clip)
         self.opt.step()
