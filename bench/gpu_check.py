@@ -8,6 +8,8 @@
 3. A two-trial `loopstudy run` of a tiny GPU spec with `resources.gpu: 0.5`: both trials share one GPU, both
    complete, their rows land (and their run times overlap).
 4. The evaluation rollout with and without `eval.compile` (torch.compile; CUDA graphs on a GPU), timed.
+5. With 2 or more GPUs: a tiny spec trained by 2 data-parallel workers of one GPU each (`resources.workers: 2`,
+   Ray Train over NCCL) and by 1: both complete, the 2-worker trial's row says so, and the loss curves agree.
 
     python bench/gpu_check.py                 # on the GPU machine
     python bench/gpu_check.py --cpu-smoke     # tiny sizes on CPU, in CI, so the script cannot rot
@@ -152,6 +154,38 @@ def shared_gpu_check(device: str, work: Path) -> dict:
             "depth_rows": Store(root).scan("depth_eval", "gpu_share").select(pl.len()).collect().item()}
 
 
+def multi_worker_check(work: Path) -> dict:
+    """Part 5: one spec trained by 2 workers of one GPU each and by 1 (two stores, the same trial id)."""
+    import numpy as np
+    import torch
+
+    from study.store import Store
+
+    if torch.cuda.device_count() < 2:
+        return {"skipped": f"{torch.cuda.device_count()} GPU(s): the multi-worker path needs 2"}
+    spec = {"name": "gpu_workers", "task": {"name": "sudoku", "size": 4, "blanks": [6, 8], "n_train": 256,
+                                            "n_test": 32},
+            "model": {"hidden": 64, "heads": 2, "n_layers": 1, "H": 2, "L": 2},
+            "train": {"steps": 40, "batch_size": 32, "warmup": 2, "n_sup": 2, "log_every": 10, "device": "cuda"},
+            "eval": {"depths": [6, 12]}, "sweep": {"variants": [{"name": "trm"}]}}
+    out = {}
+    for workers in (2, 1):
+        path, root = work / f"w{workers}.yaml", work / f"store{workers}"
+        path.write_text(yaml.safe_dump({**spec, "resources": {"cpu": 1, "gpu": 1, "workers": workers}}))
+        t0 = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "study.cli", "run", str(path), "--store", str(root),
+                               "--no-plot"], cwd=REPO, capture_output=True, text=True)
+        if proc.returncode != 0:
+            return {"ok": False, "workers": workers, "stderr": proc.stderr[-2000:]}
+        trials = Store(str(root)).scan("trials", "gpu_workers").collect()
+        curve = Store(str(root)).scan("train_curve", "gpu_workers").collect().sort("step")
+        out[workers] = {"wall_s": time.perf_counter() - t0, "workers_column": trials["workers"].to_list(),
+                        "status": trials["status"].to_list(), "loss": curve["loss"].to_list()}
+    gap = float(np.max(np.abs(np.array(out[2]["loss"]) - np.array(out[1]["loss"]))))
+    return {"ok": out[2]["workers_column"] == [2] and out[2]["status"] == ["complete"] and gap < 1e-3,
+            "max_loss_gap": gap, "two_workers": out[2], "one_worker": out[1]}
+
+
 def compile_check(size: dict, device: str) -> dict:
     """Part 4: evaluate() with and without eval.compile on the same weights; compile time reported apart."""
     import dataclasses
@@ -216,6 +250,10 @@ def main() -> None:
     print(json.dumps({"shared_gpu_run": out["shared_gpu_run"]}), flush=True)
     out["eval_compile"] = compile_check(size, device)
     print(json.dumps({"eval_compile": out["eval_compile"]}), flush=True)
+    if device == "cuda":
+        with tempfile.TemporaryDirectory() as d:
+            out["multi_worker_run"] = multi_worker_check(Path(d))
+        print(json.dumps({"multi_worker_run": out["multi_worker_run"]}), flush=True)
     out["peak_bf16_tflops"] = peak
     if peak:
         best = max(out["rollout"]["carry_last"]["tflops"], out["rollout"]["infiloop"]["tflops"])

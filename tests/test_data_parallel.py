@@ -158,3 +158,4 @@ def test_a_global_batch_that_does_not_split_over_the_workers_is_refused_before_a
         check_resources(study, {"CPU": 8})
     with pytest.raises(ConfigError, match=r"resources.cpu=1.0 for each of resources.workers=3 but .* only 2 CPUs"):
         check_resources(study, {"CPU": 2})
+
