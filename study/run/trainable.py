@@ -51,8 +51,8 @@ class TuneSession:
     def report(self, objective: float, checkpoint=None, **extra) -> None:
         # our trial id as `trial`: Tune fills `trial_id` in every result with its own
         self.api.report({"trial": self.tid, "objective": objective, "node": self.node, "workers": self.world,
-                             **self.pending, **self.last, **extra},
-                            checkpoint=checkpoint)
+                         **self.pending, **self.last, **extra},
+                        checkpoint=checkpoint)
 
     def on_log(self, log) -> None:
         self.last.update(train_exact_acc=log.exact_acc, train_cell_acc=log.cell_acc, train_loss=log.loss,

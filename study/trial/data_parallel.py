@@ -80,6 +80,7 @@ class GradientExchange:
     def __init__(self, parallel: DataParallel, params: list[torch.nn.Parameter]):
         self.parallel, self.params = parallel, params
         self.pending: list[torch.Tensor] = []
+        self.pending_numel = 0
         self.inflight: list[tuple] = []
         for p in params:
             if p.requires_grad:
@@ -89,14 +90,15 @@ class GradientExchange:
         if p.grad is None or p.grad.is_sparse:
             return
         self.pending.append(p.grad)
-        if sum(g.numel() for g in self.pending) >= self.BUCKET_NUMEL:
+        self.pending_numel += p.grad.numel()
+        if self.pending_numel >= self.BUCKET_NUMEL:
             self.launch()
 
     def launch(self) -> None:
         if self.pending:
             flat = torch.cat([g.reshape(-1) for g in self.pending])
             self.inflight.append((dist.all_reduce(flat, async_op=True), flat, self.pending))
-            self.pending = []
+            self.pending, self.pending_numel = [], 0
 
     def finish(self) -> None:
         """After backward: every gradient summed over the workers."""
