@@ -6,6 +6,11 @@
 ARG RAY_IMAGE=rayproject/ray:2.60.0-py311-gpu
 FROM ${RAY_IMAGE}
 
+# A C++ compiler builds InfiLoop's fused CPU step on first use (study/models/infiloop_kernel.py); without one
+# CPU rollouts use the eager ops (same results, slower).
+USER root
+RUN apt-get update && apt-get install -y --no-install-recommends g++ && rm -rf /var/lib/apt/lists/*
+USER ray
 WORKDIR /app
 # The package first, so code edits do not re-run the dependency install.
 COPY --chown=ray:users pyproject.toml README.md ./

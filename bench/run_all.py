@@ -60,7 +60,8 @@ def x(v: float) -> str:
 BENCHES = [
     Bench("depth", ["bench/depth.py", "--time-only", "--depths", "1040", "5200"],
           "InfiLoop (both axes) rollout time vs carry_last to 5,200 layers (H6 L12, hidden 64, 4x4, batch 8, 1 "
-          "thread), side by side in one process", "<= 1.03x",
+          "thread), side by side in one process: median over turns of 2 outer cycles; the no-gradient CPU step is one "
+          "fused kernel (study/models/infiloop_kernel.py)", "<= 1.03x",
           lambda r: x(r["infiloop_time_ratio_vs_carry_last"])),
     Bench("depth_b64", ["bench/depth.py", "--time-only", "--depths", "1040", "5200", "--batch", "64"],
           "the same at batch 64", "<= 1.02x", lambda r: x(r["infiloop_time_ratio_vs_carry_last"])),

@@ -1,13 +1,17 @@
 """Carry rules: InfiLoop's streaming recursion is exact, bounded, finite and O(d); full_attnres grows."""
 
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from study.config import CarryConfig
-from study.models.block import rms_norm
-from study.models.carry import FullAttnRes, InfiLoop, infiloop_scan
+from study.models.block import RMS_EPS, rms_norm
+from study.models.carry import FullAttnRes, InfiLoop, infiloop_scan, infiloop_update_eager
+from study.models.infiloop_kernel import fused_step
 
 
 def explicit_weighted_sum(z, q, beta, clip=8.0):
@@ -102,3 +106,44 @@ def test_bad_carry_config_names_field_value_and_allowed(field, value, allowed):
         CarryConfig(**{field: value})
     msg = str(e.value)
     assert field in msg and str(value) in msg and allowed in msg
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("content_score", [True, False])
+def test_fused_cpu_step_matches_the_eager_ops(dtype, content_score):
+    """The fused kernel (rollouts without gradient) against the differentiable ops, over accumulators from the first
+    step (-inf) to far above and below the score, and betas on both sides of 1."""
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(6, 9, 48, generator=g, dtype=dtype) * 3
+    h = torch.randn(6, 9, 48, generator=g, dtype=dtype)
+    log_d = torch.empty(6, 9, 1, dtype=dtype).uniform_(-40, 40, generator=g)
+    log_d[0] = -math.inf
+    q = torch.randn(48, generator=g, dtype=dtype) if content_score else None
+    for beta in (0.3, 1.0, 1.82):
+        log_beta = torch.tensor(math.log(beta), dtype=dtype)
+        fused = fused_step(h, log_d, z, q, log_beta, 2.0, RMS_EPS)
+        assert fused is not None, "the fused kernel did not build here"
+        eager = infiloop_update_eager(h, log_d, z, q, log_beta, 2.0)
+        tol = 1e-5 if dtype == torch.float32 else 1e-12
+        for got, want in zip(fused, eager, strict=True):
+            torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+
+
+def test_the_fused_step_is_not_used_where_a_gradient_is_recorded():
+    z = torch.randn(2, 3, 8, requires_grad=True)
+    args = (torch.zeros(2, 3, 8), torch.zeros(2, 3, 1), z, None, torch.tensor(0.0), 8.0, RMS_EPS)
+    assert fused_step(*args) is None
+    with torch.no_grad():
+        assert fused_step(*args) is not None
+
+
+def test_without_a_compiler_the_step_warns_once_and_stays_eager(tmp_path):
+    code = ("import warnings, torch\n"
+            "from study.models.carry import infiloop_scan\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always')\n"
+            "    h, _ = infiloop_scan(torch.randn(5, 2, 8), torch.randn(8), 0.5)\n"
+            "print(len([x for x in w if 'could not be built' in str(x.message)]), bool(torch.isfinite(h).all()))\n")
+    env = {**os.environ, "CXX": str(tmp_path / "no-such-compiler"), "LOOPSTUDY_KERNEL_CACHE": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["1", "True"]

@@ -17,6 +17,7 @@ from torch import nn
 
 from study.config import RULES, CarryConfig
 from study.models.block import RMS_EPS, rms_norm
+from study.models.infiloop_kernel import fused_step
 
 
 @dataclass
@@ -57,21 +58,35 @@ def infiloop_update(
     gamma_t = exp(s_t - log D_t) = e_t / (beta D_{t-1} + e_t);  h_t = h_{t-1} + gamma_t (z_t - h_{t-1}).
     Carrying (h, log D) instead of raw (N, D) keeps it finite for beta >= 1 over any number of steps.
     q=None drops the content score (s_t = 0: decay-only weights, an ablation point).
-    Returns (h_t, log D_t, gamma_t, s_t); gamma and s have a trailing dim of 1.
+    Returns (h_t, log D_t, gamma_t, s_t); gamma and s have a trailing dim of 1. Without gradient on the CPU this
+    is one fused kernel (infiloop_kernel.py); elsewhere the eager ops of `infiloop_update_eager`.
     """
     zf = z if z.dtype == torch.float64 else z.float()  # the accumulators stay at >= float32 under bf16
+    fused = fused_step(h_prev, log_d_prev, zf, q, log_beta, clip, RMS_EPS)
+    return fused if fused is not None else infiloop_update_eager(h_prev, log_d_prev, zf, q, log_beta, clip)
+
+
+def infiloop_update_eager(
+    h_prev: torch.Tensor,
+    log_d_prev: torch.Tensor,
+    z: torch.Tensor,
+    q: torch.Tensor | None,
+    log_beta: torch.Tensor,
+    clip: float = 8.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`infiloop_update` in PyTorch ops (differentiable, any device); z at >= float32."""
     if q is None:
-        s = torch.zeros_like(zf[..., :1])
+        s = torch.zeros_like(z[..., :1])
     else:
         # q . RMSNorm(z) = (q . z) / rms(z): a mat-vec and one fused norm over (B, S, d), the rest on (B, S, 1),
         # instead of materialising the normalised (B, S, d) tensor (fewer kernels: this runs every layer).
         # Out of place: the norm's backward needs its result.
-        num = zf @ q.to(zf.dtype).unsqueeze(-1)
-        mean_sq = torch.linalg.vector_norm(zf, dim=-1, keepdim=True).square() / zf.shape[-1]
+        num = z @ q.to(z.dtype).unsqueeze(-1)
+        mean_sq = torch.linalg.vector_norm(z, dim=-1, keepdim=True).square() / z.shape[-1]
         s = (num * torch.rsqrt(mean_sq + RMS_EPS)).clamp(max=clip)
     log_d = torch.logaddexp(log_d_prev + log_beta, s)
     gamma = torch.exp(s - log_d)
-    h = torch.lerp(h_prev, zf, gamma)  # h_{t-1} + gamma_t (z_t - h_{t-1})
+    h = torch.lerp(h_prev, z, gamma)  # h_{t-1} + gamma_t (z_t - h_{t-1})
     return h, log_d, gamma, s
 
 

@@ -1,0 +1,143 @@
+// One InfiLoop step fused into one CPU pass per token (methods.md section 3); loaded by infiloop_kernel.py.
+//
+// Eager PyTorch spends about 13 small kernels on this step, each paying a fixed dispatch cost that dwarfs its work
+// at the model's sizes. Here every row (one token's d-vector) is read once: the content score, the log-space
+// accumulator, the weight and the convex update, with the formulas of carry.py's eager infiloop_update:
+//   s = min(q . z / sqrt(mean(z^2) + eps), clip)      (s = 0 without q)
+//   log D = logaddexp(log D_prev + log beta, s);  gamma = exp(s - log D);  h = h_prev + gamma (z - h_prev)
+// Forward only: carry.py calls it when no gradient is recorded (rollouts and evaluation).
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <tuple>
+
+namespace {
+
+template <typename T>
+struct Rows {
+  const T* z;       // (rows, d) candidates
+  const T* h;       // (rows, d) carried states
+  const T* log_d;   // (rows) accumulators
+  const T* q;       // (d) pseudo-query, or null: s = 0
+  T log_beta, clip, eps;
+  int64_t d;
+  T* h_out;         // (rows, d)
+  T* log_d_out;     // (rows)
+  T* gamma_out;     // (rows)
+  T* score_out;     // (rows)
+};
+
+// exp(x) for x <= 0 and log1p(t) for t in [0, 1] as straight-line float code (Cephes' expf and logf polynomials,
+// ~1 ulp), so a loop over tokens becomes SIMD; libm's scalar calls would cost more than the rest of the step.
+// float64 uses libm.
+inline float exp_nonpositive(float x) {
+  x = std::max(x, -87.0f);  // exp(-87) ~ 1.6e-38: below that the weight's contribution is lost in rounding anyway
+  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  x = x - n * 0.693359375f - n * -2.12194440e-4f;
+  const float y = ((((((1.9875691500e-4f * x + 1.3981999507e-3f) * x + 8.3334519073e-3f) * x + 4.1665795894e-2f) * x +
+                     1.6666665459e-1f) * x + 5.0000001201e-1f) * x * x) + x + 1.0f;
+  int32_t bits = static_cast<int32_t>(n + 127.0f) << 23;  // 2^n, n in [-126, 0]
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return y * scale;
+}
+
+inline float log1p_unit(float t) {
+  // log(1 + t) = e ln 2 + log(m), m = (1 + t) / 2^e in [sqrt(1/2), sqrt(2)); f = m - 1 exact when e = 0
+  const bool halve = t > 0.41421356237f;
+  const float f = halve ? 0.5f * (t - 1.0f) : t;
+  const float e = halve ? 1.0f : 0.0f;
+  const float z = f * f;
+  float y = ((((((((7.0376836292e-2f * f - 1.1514610310e-1f) * f + 1.1676998740e-1f) * f - 1.2420140846e-1f) * f +
+                 1.4249322787e-1f) * f - 1.6668057665e-1f) * f + 2.0000714765e-1f) * f - 2.4999993993e-1f) * f +
+             3.3333331174e-1f) * f * z;
+  y += e * -2.12194440e-4f - 0.5f * z;
+  return f + y + e * 0.693359375f;
+}
+
+inline double exp_nonpositive(double x) { return std::exp(x); }
+inline double log1p_unit(double t) { return std::log1p(t); }
+
+template <typename T>
+void step_rows(const Rows<T>& p, int64_t begin, int64_t end) {
+  const int64_t d = p.d;
+  T* score = p.score_out;
+  for (int64_t r = begin; r < end; ++r) {  // the content score: two sums over the row
+    T s = 0;
+    if (p.q != nullptr) {
+      const T* z = p.z + r * d;
+      T dot = 0, sq = 0;
+#pragma omp simd reduction(+ : dot, sq)
+      for (int64_t i = 0; i < d; ++i) {
+        dot += p.q[i] * z[i];
+        sq += z[i] * z[i];
+      }
+      s = std::min(dot / std::sqrt(sq / static_cast<T>(d) + p.eps), p.clip);
+    }
+    score[r] = s;
+  }
+  // logaddexp(a, s) and gamma = exp(s - log D) from one exp and one log1p: with t = exp(-|a - s|),
+  // log D = max(a, s) + log1p(t), and gamma = 1 / (1 + t) if s >= a, else t / (1 + t). Before an axis's first
+  // candidate a = -inf, so t = 0: log D = s and gamma = 1.
+#pragma omp simd
+  for (int64_t r = begin; r < end; ++r) {
+    const T s = score[r];
+    const T a = p.log_d[r] + p.log_beta;
+    const T t = exp_nonpositive(-std::abs(a - s));
+    p.log_d_out[r] = std::max(a, s) + log1p_unit(t);
+    p.gamma_out[r] = (s >= a ? T(1) : t) / (1 + t);
+  }
+  for (int64_t r = begin; r < end; ++r) {  // h = h_prev + gamma (z - h_prev)
+    const T g = p.gamma_out[r];
+    const T* z = p.z + r * d;
+    const T* h = p.h + r * d;
+    T* out = p.h_out + r * d;
+#pragma omp simd
+    for (int64_t i = 0; i < d; ++i) out[i] = h[i] + g * (z[i] - h[i]);
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> infiloop_step(
+    const at::Tensor& h_prev, const at::Tensor& log_d_prev, const at::Tensor& z, const std::optional<at::Tensor>& q,
+    const at::Tensor& log_beta, double clip, double eps) {
+  TORCH_CHECK(z.sizes() == h_prev.sizes(), "infiloop_step: h_prev and z differ in shape");
+  TORCH_CHECK(z.dtype() == h_prev.dtype() && z.dtype() == log_d_prev.dtype(), "infiloop_step: dtypes differ");
+  const int64_t d = z.size(-1);
+  const int64_t rows = z.numel() / d;
+  TORCH_CHECK(log_d_prev.numel() == rows, "infiloop_step: log_d_prev must hold one value per token");
+  TORCH_CHECK(log_beta.numel() == 1 && log_beta.dtype() == z.dtype(), "infiloop_step: log_beta must be one value");
+  TORCH_CHECK(!q.has_value() || (q->dtype() == z.dtype() && q->numel() == d), "infiloop_step: q must be d values");
+  const at::Tensor zc = z.contiguous(), hc = h_prev.contiguous(), lc = log_d_prev.contiguous();
+  const at::Tensor qc = q.has_value() ? q->contiguous() : at::Tensor();
+  // One allocation for the three per-token outputs (each allocation is a dispatcher call); returned as views.
+  at::Tensor h = at::empty_like(zc);
+  at::Tensor aux = at::empty({3, rows}, lc.options());
+  AT_DISPATCH_FLOATING_TYPES(zc.scalar_type(), "infiloop_step", [&] {
+    scalar_t* out = aux.data_ptr<scalar_t>();
+    const Rows<scalar_t> p{zc.const_data_ptr<scalar_t>(), hc.const_data_ptr<scalar_t>(),
+                           lc.const_data_ptr<scalar_t>(), qc.defined() ? qc.const_data_ptr<scalar_t>() : nullptr,
+                           *log_beta.const_data_ptr<scalar_t>(), static_cast<scalar_t>(clip),
+                           static_cast<scalar_t>(eps), d, h.data_ptr<scalar_t>(), out, out + rows, out + 2 * rows};
+    // Threads only past ~32k elements: below that, waking them costs more than the work.
+    at::parallel_for(0, rows, std::max<int64_t>(1, 32768 / d),
+                     [&](int64_t begin, int64_t end) { step_rows(p, begin, end); });
+  });
+  const auto shape = lc.sizes();
+  return {h, aux[0].view(shape), aux[1].view(shape), aux[2].view(shape)};
+}
+
+}  // namespace
+
+TORCH_LIBRARY(loopstudy, m) {
+  m.def("infiloop_step(Tensor h_prev, Tensor log_d_prev, Tensor z, Tensor? q, Tensor log_beta, float clip, "
+        "float eps) -> (Tensor, Tensor, Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(loopstudy, CPU, m) { m.impl("infiloop_step", &infiloop_step); }
