@@ -81,6 +81,34 @@ def test_two_workers_on_two_nodes_train_the_same_model_as_one_and_write_its_rows
     assert d1.drop(DEPTH_WALL_CLOCK).equals(d2.drop(DEPTH_WALL_CLOCK))  # rank 0 evaluates as one worker would
 
 
+@pytest.mark.ray
+def test_asha_stops_and_optuna_searches_two_worker_trials_and_a_stopped_trial_frees_its_workers(ray_cluster, tmp_path):
+    """An Optuna search with ASHA whose trials each take both worker nodes: a trial ASHA stops must end its Ray Train
+    run (which holds both CPUs), or the next trial never starts."""
+    overrides = ["model.hidden=16", "model.L=1", "task.n_train=64", "task.n_test=8", "train.steps=30",
+                 "train.batch_size=16", "train.log_every=5", "train.warmup=2", "train.checkpoint_every=0",
+                 "sweep.optuna.num_samples=3", "sweep.max_concurrent=1", "sweep.asha.grace_period=5",
+                 "sweep.asha.max_t=30", "resources.workers=2"]
+    store = str(tmp_path / "s")
+    run = subprocess.run([sys.executable, "-m", "study.cli", "run", str(REPO / "search_spaces" / "optuna_hpo.yaml"),
+                          *overrides, "--address", ray_cluster["address"], "--store", store, "--no-plot"],
+                         cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "done 3/3  running 0" in run.stderr  # each two-worker trial is one trial in the progress line
+    trials = pl.from_arrow(Store(store).read("trials", "optuna_hpo"))
+    assert trials.height == 3 and trials["workers"].to_list() == [2, 2, 2]
+    assert set(trials["status"]) <= {"complete", "stopped"} and "stopped" in set(trials["status"])
+    curve = pl.from_arrow(Store(store).read("train_curve", "optuna_hpo"))
+    assert curve["trial_id"].n_unique() == 3 and not curve.select("trial_id", "step").is_duplicated().any()
+    status = subprocess.run([sys.executable, "-m", "study.cli", "status", "optuna_hpo", "--store", store],
+                            cwd=REPO, capture_output=True, text=True, check=True).stdout
+    assert "Optuna samples complete" in status and "failed" not in status
+    deadline = time.time() + 30
+    while train_worker_nodes(["w1", "w2"]) and time.time() < deadline:
+        time.sleep(0.5)
+    assert not train_worker_nodes(["w1", "w2"]), "a Ray Train worker outlived its search"
+
+
 @pytest.fixture
 def three_node_cluster():
     """A cluster of its own (a node of it dies): head with no CPUs and worker nodes d1, d2, d3 of one CPU each."""

@@ -64,6 +64,14 @@ def trial_resources(study: Study) -> dict[str, float]:
     return {"cpu": res.cpu, "gpu": res.gpu} if res.workers == 1 else {"cpu": 0, "gpu": 0, "memory": 1 << 20}
 
 
+def reuse_actors(study: Study) -> bool:
+    """Whether Tune may run the next trial in a finished trial's process (a fresh process costs seconds). Not with
+    resources.workers > 1: a trial's Ray Train run belongs to its process, and a process kept for reuse keeps a
+    stopped trial's run (ASHA, or the end of a search) training on, holding its workers' CPUs, so the next trial
+    never gets them. Ended with its process, the run ends too."""
+    return study.spec.resources.workers == 1
+
+
 def build_tuner(study: Study, root: str, work: list[WorkItem], threads: int, search: OptunaStudy | None = None,
                 evaluate: bool = False):
     """The Tuner for the pending work (grid) or the rest of the Optuna search, and its progress callback.
@@ -106,7 +114,7 @@ def build_tuner(study: Study, root: str, work: list[WorkItem], threads: int, sea
                                        {"metric": "objective", "mode": mode}),
                                     search_alg=search_alg, scheduler=scheduler,
                                     num_samples=num_samples, max_concurrent_trials=sweep.max_concurrent or None,
-                                    reuse_actors=True, **names),  # a fresh worker process per trial costs seconds
+                                    reuse_actors=reuse_actors(study), **names),
         run_config=tune.RunConfig(
             name=spec.name, storage_path=evaluate_tune_dir(root) if evaluate else tune_dir(root), verbose=0,
             failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
