@@ -187,3 +187,20 @@ def test_a_global_batch_that_does_not_split_over_the_workers_is_refused_before_a
     with pytest.raises(ConfigError, match=r"resources.cpu=1.0 for each of resources.workers=3 but .* only 2 CPUs"):
         check_resources(study, {"CPU": 2})
 
+
+
+def test_workers_sharing_a_fractional_gpu_are_refused_naming_the_fix(tmp_path):
+    spec = spec_with(tmp_path, ("resources: {cpu: 1, workers: 2}", "resources: {cpu: 1, gpu: 0.5, workers: 2}"))
+    proc = subprocess.run([sys.executable, "-m", "study.cli", "run", str(spec), "--store", str(tmp_path / "r")],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "each data-parallel worker needs a whole GPU. Set resources.gpu: 1" in proc.stderr
+
+
+def test_workers_no_node_can_hold_are_refused_naming_what_each_node_has(tmp_path):
+    """4 CPUs in all, but a worker of 2 CPUs fits only on the 2-CPU node: 2 such workers can never run at once."""
+    study = load_study(spec_with(tmp_path, ("resources: {cpu: 1, workers: 2}", "resources: {cpu: 2, workers: 2}")))
+    nodes = [{"Resources": {"CPU": c}} for c in (0.0, 2.0, 1.0, 1.0)]
+    with pytest.raises(ConfigError, match=r"nodes \(0 CPU, 2 CPU, 1 CPU, 1 CPU\) can hold 1 at once"):
+        check_resources(study, {"CPU": 4.0}, nodes)
+    check_resources(study, {"CPU": 6.0}, [*nodes, {"Resources": {"CPU": 2.0}}])  # a second 2-CPU node: fine

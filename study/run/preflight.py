@@ -6,6 +6,7 @@ trial's own checks on its machine are study.trial.preflight."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from study.config import build_trial
@@ -20,8 +21,8 @@ def is_loopback(host: str) -> bool:
     return host in ("localhost", "::1") or host.startswith("127.")
 
 
-def check_resources(study: Study, cluster: dict[str, float]) -> None:
-    """Refuse what the cluster cannot give."""
+def check_resources(study: Study, cluster: dict[str, float], nodes: list[dict[str, Any]] | None = None) -> None:
+    """Refuse what the cluster cannot give. nodes (Ray's, alive): also refuse workers no node can hold."""
     res = study.spec.resources
     if res.gpu > 0 and cluster.get("GPU", 0) <= 0:
         raise ConfigError(f"{study.source}: resources.gpu={res.gpu} but the cluster has no GPUs; "
@@ -39,12 +40,31 @@ def check_resources(study: Study, cluster: dict[str, float]) -> None:
     if res.workers > 1 and res.gpu * res.workers > cluster.get("GPU", 0):
         raise ConfigError(f"{study.source}: resources.workers={res.workers} with resources.gpu={res.gpu} each, but "
                           f"the cluster has only {cluster.get('GPU', 0):g} GPUs")
+    if nodes is not None:
+        check_placement(study, nodes)
     uneven = sorted({c.train.batch_size for c in known_configs(study) if c.train.batch_size % res.workers}
                     if res.workers > 1 else ())
     if uneven:
         raise ConfigError(f"{study.source}: train.batch_size {uneven[0]} does not split evenly over "
                           f"resources.workers={res.workers} (it is the global batch: each worker trains on "
                           f"batch_size / workers rows); use a multiple of {res.workers}")
+
+
+def check_placement(study: Study, nodes: list[dict[str, Any]]) -> None:
+    """A trial's workers (or the trial itself) each need resources.cpu / resources.gpu on one node: refuse more than
+    the nodes can hold at once, however many CPUs they have in all, naming what each node has."""
+    res = study.spec.resources
+    have = [n.get("Resources", {}) for n in nodes]
+    fits = sum(min(math.floor(h.get("CPU", 0) / res.cpu + 1e-9),
+                   math.floor(h.get("GPU", 0) / res.gpu + 1e-9) if res.gpu else math.inf) for h in have)
+    if fits >= res.workers:
+        return
+    per_node = ", ".join(f"{h.get('CPU', 0):g} CPU" + (f" + {h.get('GPU', 0):g} GPU" if res.gpu else "")
+                         for h in have)
+    who = f"resources.workers={res.workers}, each with" if res.workers > 1 else "a trial needs"
+    raise ConfigError(f"{study.source}: {who} resources.cpu={res.cpu:g}" + (f" and resources.gpu={res.gpu:g}"
+                      if res.gpu else "") + f" on one node, but the cluster's nodes ({per_node}) can hold "
+                      f"{fits} at once; lower resources.cpu or resources.workers, or add nodes")
 
 
 def known_configs(study: Study) -> list:
@@ -85,7 +105,7 @@ def preflight_study(study: Study, store: Store, *, cluster: dict[str, float], no
                     shared: bool) -> None:
     """Every check of a study on a cluster, in order (its services were opened before Ray started:
     study.run.services)."""
-    check_resources(study, cluster)
+    check_resources(study, cluster, nodes)
     check_storage(store.uri, nodes, shared, data_files(study))
     check_writable(store)
 

@@ -240,6 +240,15 @@ class Resources(Strict):
             raise ValueError(f"{v} is not allowed; a trial needs at least 1 worker")
         return v
 
+    @model_validator(mode="after")
+    def _whole_gpu_per_worker(self) -> Resources:
+        # NCCL gives each rank its own device: two workers of one trial cannot share a GPU
+        if self.workers > 1 and 0 < self.gpu < 1:
+            raise ValueError(f"resources.gpu={self.gpu:g} with resources.workers={self.workers}: each data-parallel "
+                             f"worker needs a whole GPU. Set resources.gpu: 1 (or resources.workers: 1 to share "
+                             f"a GPU between trials)")
+        return self
+
 
 class TrackingSpec(Strict):
     """Live tracking through Ray Tune's logger callbacks (study/run/tracking.py); off unless asked for."""
