@@ -17,12 +17,14 @@ import polars as pl
 import pytest
 from safetensors.numpy import load_file
 
+from study.config import build_trial, to_dict, trial_id
 from study.errors import ConfigError
 from study.rows import DEPTH_WALL_CLOCK
 from study.run.preflight import check_resources
 from study.spec import load_study
 from study.store import Store
-from study.trial.execute import TrialContext, run_trial
+from study.trial.execute import TrialContext, evaluate_stored, run_trial
+from study.trial.work import Reading
 
 from .conftest import REPO, local_cluster
 from .test_ray_studies import assert_rows_once, node_processes
@@ -30,11 +32,22 @@ from .test_ray_studies import assert_rows_once, node_processes
 SPEC = REPO / "tests" / "specs" / "data_parallel.yaml"
 
 
-def one_worker_reference(root: Path) -> None:
-    """Each trial of the spec trained and evaluated by one process, no Ray: what two workers must reproduce."""
+READ_AGAIN = {"depths": [4, 8]}  # `loopstudy evaluate dp eval.depths=[4,8]`: a reading of the stored weights
+
+
+def one_worker_reference(root: Path) -> list[str]:
+    """Each trial of the spec trained and evaluated by one process, no Ray, and its weights read again at other
+    depths: what two workers must reproduce. Returns the readings' trial ids."""
+    readings = []
     for cfg in load_study(SPEC).trials:
         cfg.train.threads = 1
-        run_trial(cfg, context=TrialContext(Store(str(root)), "dp"))
+        context = TrialContext(Store(str(root)), "dp")
+        run_trial(cfg, context=context)
+        data = to_dict(cfg)
+        data["eval"].update(READ_AGAIN)
+        readings.append(Reading(build_trial(data, "test")))
+        evaluate_stored(trial_id(cfg), readings[-1:], context=context)
+    return [r.tid for r in readings]
 
 
 def train_worker_nodes(resources: list[str]) -> set[str]:
@@ -45,8 +58,9 @@ def train_worker_nodes(resources: list[str]) -> set[str]:
 @pytest.mark.ray
 def test_two_workers_on_two_nodes_train_the_same_model_as_one_and_write_its_rows_once(ray_cluster, tmp_path):
     """Deep supervision with truncated BPTT, the progressive loss and ARC's puzzle embedding under sign-SGD: the
-    loss curve, the final EMA weights and the depth rows of a 2-worker trial match one worker's."""
-    one_worker_reference(tmp_path / "one")
+    loss curve, the final EMA weights and the depth rows of a 2-worker trial match one worker's, and so do the rows
+    of `loopstudy evaluate` reading its weights again on 2 workers (each worker rolls out half the test set)."""
+    reading_ids = one_worker_reference(tmp_path / "one")
     driver = subprocess.Popen([sys.executable, "-m", "study.cli", "run", str(SPEC), "--address",
                                ray_cluster["address"], "--store", str(tmp_path / "two"), "--no-plot"],
                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -76,9 +90,16 @@ def test_two_workers_on_two_nodes_train_the_same_model_as_one_and_write_its_rows
         assert "puzzle.weight" in w1 and w1.keys() == w2.keys()
         for k in w1:
             np.testing.assert_allclose(w2[k], w1[k], atol=1e-6, err_msg=k)
+    reread = subprocess.run([sys.executable, "-m", "study.cli", "evaluate", "dp", "eval.depths=[4,8]", "--address",
+                             ray_cluster["address"], "--store", two, "--no-plot"],
+                            cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert reread.returncode == 0, reread.stderr[-3000:]
+    readings = pl.from_arrow(Store(two).read("trials", "dp")).filter(pl.col("trial_id").is_in(reading_ids))
+    assert readings.height == 2 and readings["workers"].to_list() == [2, 2]
     keys = ["trial_id", "depth_layers", "difficulty"]
     d1, d2 = table(one, "depth_eval", keys), table(two, "depth_eval", keys)
-    assert d1.drop(DEPTH_WALL_CLOCK).equals(d2.drop(DEPTH_WALL_CLOCK))  # rank 0 evaluates as one worker would
+    assert set(d2["trial_id"]) >= set(reading_ids) and d2["depth_layers"].n_unique() == 4  # 6, 12 and 4, 8
+    assert d1.drop(DEPTH_WALL_CLOCK).equals(d2.drop(DEPTH_WALL_CLOCK))  # split and merged as one worker reads
 
 
 @pytest.mark.ray

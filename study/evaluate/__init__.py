@@ -11,6 +11,7 @@ import copy
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -34,6 +35,16 @@ from study.tasks.loader import Task
 
 __all__ = ["BatchRollout", "DepthRow", "DynamicsRow", "EvalResult", "PerturbationRow", "DepthPrediction", "RolloutPlan",
            "Trajectory", "batch_slices", "dynamics_rows", "evaluate", "rollout_batch", "stability"]
+
+
+class Workers(Protocol):
+    """A worker's place among several that share an evaluation (study.trial.data_parallel.DataParallel is one)."""
+
+    rank: int
+    world: int
+
+    def gather(self, obj: Any) -> list[Any] | None:
+        """Every worker's obj in rank order on rank 0; None on the others."""
 
 
 @dataclass
@@ -77,12 +88,15 @@ def make_plan(model: Reasoner, cfg: EvalConfig, pad: int | None) -> RolloutPlan:
 
 @torch.no_grad()
 def evaluate(model: Reasoner, task: Task, cfg: EvalConfig, device: str = "cpu",
-             on_progress: Callable[[int, int], None] | None = None, dtype: str = "fp32") -> EvalResult:
+             on_progress: Callable[[int, int], None] | None = None, dtype: str = "fp32",
+             parallel: Workers | None = None) -> EvalResult | None:
     """Predictions at every target depth from one rollout per batch, plus the diagnostics.
 
     on_progress(done, total) is called after every step, counting steps over all batches (a rollout to 24,960
     layers is minutes on a CPU: callers turn this into progress reports). dtype 'bf16' runs the rollouts under
-    bfloat16 autocast, as training did.
+    bfloat16 autocast, as training did. parallel (several workers, study.trial.data_parallel): this worker rolls
+    out every world-th batch, and rank 0 gathers the others' and returns the result one worker would (the same
+    batches, merged in order; only wall seconds differ); the other workers return None.
     """
     model = evaluated_model(model, task, cfg, device)
     flops = RolloutFlops(model)  # counted on the eager model: the flop counter does not trace a compiled step
@@ -93,15 +107,21 @@ def evaluate(model: Reasoner, task: Task, cfg: EvalConfig, device: str = "cpu",
     plan = make_plan(model, cfg, task.spec.pad)
     data = task.test if cfg.n_test is None else task.test.take(slice(0, cfg.n_test))
     batches = batch_slices(data, cfg.batch_size, task.spec.pad)
+    mine = list(range(len(batches)))[parallel.rank::parallel.world] if parallel is not None else range(len(batches))
     later = dataclasses.replace(plan, perturb_step=None)  # the perturbation test uses the first batch only
     got: list[BatchRollout] = []
-    for b, rows in enumerate(batches):
-        def progress(step: int, b: int = b) -> None:
-            on_progress(b * plan.total_steps + step, len(batches) * plan.total_steps)
+    for i, b in enumerate(mine):
+        def progress(step: int, i: int = i) -> None:
+            on_progress(i * plan.total_steps + step, len(mine) * plan.total_steps)
 
         with amp:
-            got.append(rollout_batch(model, data.take(rows), plan if b == 0 else later, device,
+            got.append(rollout_batch(model, data.take(batches[b]), plan if b == 0 else later, device,
                                      progress if on_progress is not None else None, flops))
+    if parallel is not None:
+        shares = parallel.gather(got)  # batch 0 (its snapshot holds tensors) is rank 0's own
+        if shares is None:
+            return None
+        got = [shares[b % parallel.world][b // parallel.world] for b in range(len(batches))]
     vote = TASKS[task.cfg.name].vote
     depth_rows = depth_table({d: [g.predictions[d] for g in got] for d in plan.target_steps.values()}, data,
                              plan.target_steps,

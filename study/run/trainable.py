@@ -129,7 +129,8 @@ def trainable(config: dict[str, Any]) -> None:
 
 def run_work(config: dict[str, Any], *, api=None, parallel=None) -> None:
     """What one trial does (see trainable), in the Tune trial itself or in each data-parallel worker (api:
-    ray.train; parallel: the worker's study.trial.data_parallel.DataParallel): rank 0 writes and evaluates."""
+    ray.train; parallel: the worker's study.trial.data_parallel.DataParallel): all train and evaluate their share,
+    rank 0 writes."""
     import ray
     from ray import tune
 
@@ -140,27 +141,31 @@ def run_work(config: dict[str, Any], *, api=None, parallel=None) -> None:
     study_name, metric = config["study"], config["metric"]
     node = ray.get_runtime_context().get_node_id()
     rank, world = (parallel.rank, parallel.world) if parallel is not None else (0, 1)
-    context = TrialContext(store if rank == 0 else None, study_name, node, metric, config.get("spec_hash"),
-                           workers=world)
+    context = TrialContext(store, study_name, node, metric, config.get("spec_hash"), workers=world,
+                           writes=rank == 0)
 
     def tune_session(tid: str, steps: int) -> TuneSession:
         return TuneSession(tid, node, steps, config.get("objectives", []), api=api or tune, rank=rank, world=world)
 
+    def read_stored(weights_of: str, reported: str, session: TuneSession, **extra) -> None:
+        """Take the readings of stored weights (every worker: each reads its share), then the last report: trial
+        `reported`'s stored metrics."""
+        evaluate_stored(weights_of, work.readings, context=context,
+                        hooks=TrialHooks(on_eval_progress=session.on_eval_progress), parallel=parallel)
+        if rank:  # a worker beside rank 0: its last report mirrors rank 0's, which Tune hears
+            session.report(0.0, final=1)
+            return
+        stored = stored_metrics(store, study_name, reported)
+        session.report(stored[metric], final=1, **extra, **stored)
+
     if work.train is None:  # every reading is of weights stored by an earlier trial
-        session = tune_session(work.readings[0].tid, 1)
-        evaluate_stored(work.weights_of, work.readings, context=context,
-                        hooks=TrialHooks(on_eval_progress=session.on_eval_progress))
-        stored = stored_metrics(store, study_name, work.readings[0].tid)
-        session.report(stored[metric], final=1, **stored)
+        read_stored(work.weights_of, work.readings[0].tid, tune_session(work.readings[0].tid, 1))
         return
     tid = trial_id(cfg)
     session = tune_session(tid, cfg.train.steps)
     if store.is_complete(study_name, tid):  # e.g. two Optuna samples that resolve to the same config
-        if work.readings and rank == 0:  # trained by an earlier attempt whose readings did not all finish
-            evaluate_stored(tid, work.readings, context=context,
-                            hooks=TrialHooks(on_eval_progress=session.on_eval_progress))
-        stored = stored_metrics(store, study_name, tid)
-        session.report(stored[metric], skipped=1, final=1, **stored)
+        # (trained by an earlier attempt: the readings it did not finish, if any)
+        read_stored(tid, tid, session, skipped=1)
         return
     metrics, result = run_trial(cfg, context=context, hooks=session.hooks(), readings=work.readings,
                                 parallel=parallel)

@@ -5,13 +5,14 @@ Ray 2.60 documents for Tune + Train.
 The Tune trial holds no CPU or GPU of its own (study.run.tuner.trial_resources); each worker gets the spec's
 resources.cpu and resources.gpu, and Ray Train sets up the process group (gloo on CPU, NCCL on GPUs). Every
 worker runs the trial's work (study.run.trainable.run_work) with its place among the workers
-(study.trial.data_parallel): all train, rank 0 also writes the rows, checkpoints and evaluates. Rank 0's reports
+(study.trial.data_parallel): all train and evaluate a share of the test set, rank 0 also writes the rows and
+checkpoints. Rank 0's reports
 reach Tune through TuneReportCallback, so the driver and Tune's scheduler and searcher see one trial.
 
 Failures: Ray Train restarts a worker group that lost a worker (a node died) from the trial's last checkpoint, up
 to sweep.max_failures times; past that the Tune trial fails and Tune retries it, and the new TorchTrainer, run
 under the same name and storage (study.store.layout.train_runs_dir), resumes from that same checkpoint. A trial
-that only reads stored weights runs on one worker, so its evaluation gets the worker's resources.
+that only reads stored weights (loopstudy evaluate) splits each reading's test set over its workers the same way.
 """
 
 from __future__ import annotations
@@ -24,14 +25,13 @@ from study.store.layout import train_runs_dir
 
 
 def fit_on_workers(config: dict[str, Any]) -> None:
-    """The Tune trial: its work (study.run.trainable.run_work) on resources.workers Ray Train workers (one when it
-    trains nothing)."""
+    """The Tune trial: its work (study.run.trainable.run_work) on resources.workers Ray Train workers."""
     import ray.train
     from ray.train.torch import TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback
 
     _, work = trial_work(config)
-    workers = config["workers"] if work.train is not None else 1
+    workers = config["workers"]
     gpu = config.get("gpu", 0.0)
     per_worker = {"CPU": config.get("cpu", 1.0), **({"GPU": gpu} if gpu else {})}
     name = trial_id(work.train) if work.train is not None else work.readings[0].tid  # stable over retries

@@ -12,12 +12,15 @@ gradients add up to the one-worker gradient of the mean. Then one exchange per u
   the 730,155-row table is never reduced densely.
 
 Every worker then holds the same gradient and takes the same optimizer, EMA and clipping steps: the replicas stay
-equal without a broadcast. Rank 0 checkpoints, stores and evaluates (study.trial.execute).
+equal without a broadcast. Rank 0 checkpoints and stores (study.trial.execute). Evaluation is split by batches
+(study.evaluate): each worker rolls out every world-th batch of the test set and rank 0 gathers and merges them in
+the order one worker would have taken them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -41,6 +44,12 @@ class DataParallel:
         t = torch.tensor(values, dtype=torch.float64, device=device)
         dist.all_reduce(t)
         return t.tolist()
+
+    def gather(self, obj: Any) -> list[Any] | None:
+        """Every worker's `obj` (picklable) in rank order on rank 0; None on the others."""
+        out = [None] * self.world if self.rank == 0 else None
+        dist.gather_object(obj, out, dst=0)
+        return out
 
     def exchange(self, params: list[torch.nn.Parameter]) -> GradientExchange:
         """What sums `params`' gradients over the workers in every backward (see GradientExchange)."""

@@ -34,9 +34,9 @@ from study.trial.work import Reading, kept_steps
 
 @dataclass(frozen=True)
 class TrialContext:
-    """Where a trial's rows go and what it runs under: the store (None: nothing is written), the study, the Ray
-    node it runs on, the study's objective (sweep.optuna.metric), the spec version (spec_hash) and the
-    data-parallel workers that train it (resources.workers)."""
+    """Where a trial's rows go and what it runs under: the store (None: nothing is read or written; see writes),
+    the study, the Ray node it runs on, the study's objective (sweep.optuna.metric), the spec version (spec_hash)
+    and the data-parallel workers that train and evaluate it (resources.workers)."""
 
     store: Store | None = None
     study_name: str = "adhoc"
@@ -44,6 +44,7 @@ class TrialContext:
     metric: str = DEFAULT_METRIC
     spec_hash: str | None = None
     workers: int = 1
+    writes: bool = True  # False: read the store, never write it (the workers beside rank 0 of a trial)
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,8 @@ class TrialRecorder:
 
     def __init__(self, context: TrialContext, cfg: TrialConfig, model, *, tid: str | None = None,
                  weights_of: str | None = None):
-        self.store, self.study_name, self.tid = context.store, context.study_name, tid or trial_id(cfg)
+        self.store = context.store if context.writes else None
+        self.study_name, self.tid = context.study_name, tid or trial_id(cfg)
         node, spec_hash = context.node, context.spec_hash
         self.cfg = cfg
         self.started, self.t0 = now_utc(), time.perf_counter()
@@ -90,7 +92,7 @@ class TrialRecorder:
                       "started": self.started, "device": device_name(cfg.train.device),
                       "package_version": study.__version__, "git_commit": git_commit(), "node": node,
                       "spec_hash": spec_hash, "eval_id": eval_id(cfg), "weights_of": weights_of,
-                      "workers": context.workers if weights_of is None else 1}
+                      "workers": context.workers}
         self.kept: dict[int, str] = {}  # training step -> sha256 of the weights kept there
         self.weights: StoredWeights | None = None  # the final weights, once stored
 
@@ -148,8 +150,9 @@ def run_trial(cfg: TrialConfig, *, context: TrialContext = TrialContext(), hooks
     With a store in the context, rows are written as the trial goes (TrialRecorder) before hooks.on_log sees each
     log, and the final weights (every train.keep_checkpoints-th checkpoint's too) are stored (study.trial.weights).
     readings: other evaluations of the same weights (configs differing in eval.* keys only), each stored as its own
-    trial. parallel: this worker's place among several that train the trial (study.trial.data_parallel); only
-    rank 0 evaluates (the others return ({}, None) once trained) and only its context should hold the store.
+    trial. parallel: this worker's place among several that train the trial (study.trial.data_parallel): all
+    evaluate their share of the test set, rank 0 gets the result and the others return ({}, None); only rank 0's
+    context writes (TrialContext.writes).
     """
     preflight_trial(cfg, context.store)
     seed_everything(cfg.seed)
@@ -169,21 +172,20 @@ def run_trial(cfg: TrialConfig, *, context: TrialContext = TrialContext(), hooks
             hooks.on_log(log)
 
     history = trainer.fit(on_log=logged, checkpoint=keeping(recorder, hooks.checkpoint))
-    if parallel is not None and parallel.rank != 0:
-        return {}, None
     evaluated = trainer.eval_model()
     recorder.store_weights(evaluated, trainer.step)
     hooks.say("evaluating")
     seed_everything(cfg.seed)
     result = evaluate(evaluated, task, cfg.eval, cfg.train.device, on_progress=hooks.on_eval_progress,
-                      dtype=cfg.train.dtype)
+                      dtype=cfg.train.dtype, parallel=parallel)
     final_loss = history[-1].loss if history else None
-    metrics = summary_metrics(result.depth, final_loss)
-    recorder.complete(history, result, metrics, context.metric, trainer.step)
+    metrics = summary_metrics(result.depth, final_loss) if result is not None else {}
+    if result is not None:
+        recorder.complete(history, result, metrics, context.metric, trainer.step)
     for i, reading in enumerate(readings):
         hooks.say(f"evaluating the same weights another way ({i + 1}/{len(readings)}): trial {reading.tid}")
         record_reading(reading, evaluated, task, context, weights_of=recorder.tid, weights_step=trainer.step,
-                       final_loss=final_loss, on_eval_progress=hooks.on_eval_progress)
+                       final_loss=final_loss, on_eval_progress=hooks.on_eval_progress, parallel=parallel)
     return metrics, result
 
 
@@ -206,23 +208,28 @@ def keeping(recorder: TrialRecorder, checkpoint: Callable[[Trainer], None] | Non
 
 
 def record_reading(reading: Reading, model, task, context: TrialContext, *, weights_of: str, weights_step: int,
-                   final_loss: float | None, on_eval_progress: Callable[[int, int], None] | None = None
-                   ) -> dict[str, float]:
+                   final_loss: float | None, on_eval_progress: Callable[[int, int], None] | None = None,
+                   parallel: DataParallel | None = None) -> dict[str, float]:
     """Evaluate `model` (the weights of trial `weights_of` at training step `weights_step`) under the reading's
-    config and store the rows as the reading's own trial; returns its summary metrics."""
+    config and store the rows as the reading's own trial; returns its summary metrics ({} on a worker beside
+    rank 0, whose share of the test set went to rank 0)."""
     cfg = reading.cfg
     recorder = TrialRecorder(context, cfg, model, tid=reading.tid, weights_of=weights_of)
     seed_everything(cfg.seed)
-    result = evaluate(model, task, cfg.eval, cfg.train.device, on_progress=on_eval_progress, dtype=cfg.train.dtype)
+    result = evaluate(model, task, cfg.eval, cfg.train.device, on_progress=on_eval_progress, dtype=cfg.train.dtype,
+                      parallel=parallel)
+    if result is None:
+        return {}
     metrics = summary_metrics(result.depth, final_loss)
     recorder.complete([], result, metrics, context.metric, weights_step)
     return metrics
 
 
 def evaluate_stored(weights_of: str, readings: Sequence[Reading], *, context: TrialContext,
-                    hooks: TrialHooks = TrialHooks()) -> list[dict[str, float]]:
+                    hooks: TrialHooks = TrialHooks(), parallel: DataParallel | None = None) -> list[dict[str, float]]:
     """Read trial `weights_of`'s stored weights (final, or kept at a reading's step) under each reading's config,
-    each stored as its own trial; readings already complete in the store are skipped. Returns their metrics."""
+    each stored as its own trial; readings already complete in the store are skipped. Returns their metrics.
+    parallel: several workers share each reading's test set (see run_trial)."""
     store, study_name = context.store, context.study_name
     row = store.trial_row(study_name, weights_of)
     if row is None or row.get("status") != "complete":
@@ -259,7 +266,8 @@ def evaluate_stored(weights_of: str, readings: Sequence[Reading], *, context: Tr
                   f"({i + 1}/{len(todo)}): trial {reading.tid}")
         out.append(record_reading(reading, model, task, context, weights_of=weights_of,
                                   weights_step=row["step"] if step is None else step,
-                                  final_loss=row.get("final_train_loss"), on_eval_progress=hooks.on_eval_progress))
+                                  final_loss=row.get("final_train_loss"), on_eval_progress=hooks.on_eval_progress,
+                                  parallel=parallel))
     if bad:
         missed = sum(r.step in bad for r in todo)
         raise StoreError(f"{missed} reading(s) not taken, their weights could not be read; the other {len(out)} "
