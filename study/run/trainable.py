@@ -38,7 +38,8 @@ class TuneSession:
     api: ray.tune in a Tune trial; ray.train in a data-parallel worker (study.run.workers), whose rank-0 reports
     Ray Train hands on to Tune. Ray Train counts every worker's reports alike, so with several workers each one
     reports at the same steps: the others report without a checkpoint, and nobody reports evaluation progress
-    (only rank 0 evaluates)."""
+    (reports paced by the clock would differ in number between workers, and Ray Train would wait on the missing
+    ones)."""
 
     def __init__(self, tid: str, node: str, steps: int, objectives: tuple[str, ...] | list[str] = (), *, api,
                  rank: int = 0, world: int = 1):
