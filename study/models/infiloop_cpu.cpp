@@ -9,7 +9,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
-#include <torch/library.h>
+#include <torch/extension.h>
 
 #include <algorithm>
 #include <cmath>
@@ -135,9 +135,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> infiloop_step(
 
 }  // namespace
 
-TORCH_LIBRARY(loopstudy, m) {
-  m.def("infiloop_step(Tensor h_prev, Tensor log_d_prev, Tensor z, Tensor? q, Tensor log_beta, float clip, "
-        "float eps) -> (Tensor, Tensor, Tensor, Tensor)");
+// A Python module of one function: a direct call costs a few microseconds less than a registered torch op's
+// boxed dispatch, which matters at one call per layer.
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("infiloop_step", &infiloop_step, "One InfiLoop step: (h, log D, gamma, score)");
 }
-
-TORCH_LIBRARY_IMPL(loopstudy, CPU, m) { m.impl("infiloop_step", &infiloop_step); }

@@ -19,9 +19,11 @@ from __future__ import annotations
 import fcntl
 import functools
 import hashlib
+import importlib.util
 import os
 import platform
 import subprocess
+import sysconfig
 import tempfile
 import warnings
 from pathlib import Path
@@ -30,6 +32,7 @@ import torch
 from torch.utils import cpp_extension
 
 SOURCE = Path(__file__).with_name("infiloop_cpu.cpp")
+_MODULE = "loopstudy_infiloop_cpu"  # the built module's name (its PyInit_ symbol)
 _FLOATS = (torch.float32, torch.float64)
 
 
@@ -51,22 +54,23 @@ def _cpu_flags() -> str:
 
 
 def _library_path() -> Path:
-    tag = f"{torch.__version__}|{platform.machine()}|{_cpu_flags()}"
+    tag = f"{torch.__version__}|{platform.python_version()}|{platform.machine()}|{_cpu_flags()}"
     key = hashlib.sha256(SOURCE.read_bytes() + tag.encode()).hexdigest()
     return cache_dir() / f"infiloop_cpu_{key[:16]}.so"
 
 
 def _compile(target: Path) -> None:
-    """One compiler call: a shared library linked against the running torch (no ninja, no Python headers)."""
+    """One compiler call: a Python extension module linked against the running torch (no ninja)."""
     lib_dirs = cpp_extension.library_paths()
     cmd = [os.environ.get("CXX", "c++"), str(SOURCE), "-o", None, "-shared", "-fPIC", "-O3", "-std=c++20",
            "-fopenmp",  # at::parallel_for over rows, on torch's own libgomp (already loaded, same soname); omp simd
            # This machine's vector width (the cache key holds its CPU's flags); branches may become selects, which
            # compute both sides: nothing here reads floating-point exception flags or errno.
            "-march=native", "-fno-trapping-math", "-fno-math-errno",
-           f"-D_GLIBCXX_USE_CXX11_ABI={int(torch.compiled_with_cxx11_abi())}",
-           *(f"-I{p}" for p in cpp_extension.include_paths()),
-           *(f"-L{p}" for p in lib_dirs), *(f"-Wl,-rpath,{p}" for p in lib_dirs), "-lc10", "-ltorch_cpu"]
+           f"-D_GLIBCXX_USE_CXX11_ABI={int(torch.compiled_with_cxx11_abi())}", f"-DTORCH_EXTENSION_NAME={_MODULE}",
+           *(f"-I{p}" for p in (*cpp_extension.include_paths(), sysconfig.get_paths()["include"])),
+           *(f"-L{p}" for p in lib_dirs), *(f"-Wl,-rpath,{p}" for p in lib_dirs),
+           "-lc10", "-ltorch_cpu", "-ltorch", "-ltorch_python"]
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     cmd[3] = tmp
@@ -80,7 +84,7 @@ def _compile(target: Path) -> None:
 
 @functools.cache
 def kernel():
-    """The loaded op (`torch.ops.loopstudy.infiloop_step`), or None where it cannot be built (warned once)."""
+    """The fused step (`infiloop_step` of the built module), or None where it cannot be built (warned once)."""
     target = _library_path()
     try:
         if not target.exists():
@@ -89,14 +93,16 @@ def kernel():
                 fcntl.flock(lock, fcntl.LOCK_EX)
                 if not target.exists():
                     _compile(target)
-        torch.ops.load_library(str(target))
-    except (OSError, subprocess.CalledProcessError) as err:
+        spec = importlib.util.spec_from_file_location(_MODULE, target)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except (OSError, ImportError, subprocess.CalledProcessError) as err:
         detail = getattr(err, "stderr", "") or str(err)
         warnings.warn(f"InfiLoop's fused CPU step could not be built ({detail.strip()[-300:]}); using the eager "
                       "step (same results, ~8% slower rollouts). Set CXX to a C++20 compiler to build it.",
                       RuntimeWarning, stacklevel=2)
         return None
-    return torch.ops.loopstudy.infiloop_step.default  # the overload itself: skips the packet's overload lookup
+    return module.infiloop_step
 
 
 def fused_step(
