@@ -17,6 +17,15 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def infiloop_kernel_built():
+    """InfiLoop's fused CPU step built once, before any test (on a fresh machine it takes ~30 s), so no trial's
+    worker builds it while a test waits on that trial."""
+    from study.models.infiloop_kernel import kernel
+
+    kernel()
+
+
 def local_cluster(*args: str) -> str:
     proc = subprocess.run([sys.executable, str(REPO / "cluster" / "local_cluster.py"), *args],
                           capture_output=True, text=True, timeout=300)

@@ -106,10 +106,10 @@ def test_two_workers_on_two_nodes_train_the_same_model_as_one_and_write_its_rows
 def test_asha_stops_and_optuna_searches_two_worker_trials_and_a_stopped_trial_frees_its_workers(ray_cluster, tmp_path):
     """An Optuna search with ASHA whose trials each take both worker nodes: a trial ASHA stops must end its Ray Train
     run (which holds both CPUs), or the next trial never starts."""
-    overrides = ["model.hidden=16", "model.L=1", "task.n_train=64", "task.n_test=8", "train.steps=30",
+    overrides = ["model.hidden=16", "model.L=1", "task.n_train=64", "task.n_test=8", "train.steps=20",
                  "train.batch_size=16", "train.log_every=5", "train.warmup=2", "train.checkpoint_every=0",
                  "sweep.optuna.num_samples=3", "sweep.max_concurrent=1", "sweep.asha.grace_period=5",
-                 "sweep.asha.max_t=30", "resources.workers=2"]
+                 "sweep.asha.max_t=20", "resources.workers=2"]
     store = str(tmp_path / "s")
     run = subprocess.run([sys.executable, "-m", "study.cli", "run", str(REPO / "search_spaces" / "optuna_hpo.yaml"),
                           *overrides, "--address", ray_cluster["address"], "--store", store, "--no-plot"],
