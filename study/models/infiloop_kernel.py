@@ -9,9 +9,11 @@ once, in one call. Contract:
   are not all float32 or all float64.
 - The library is built once per source, torch version and CPU (it is tuned to the CPU it is built on) into
   `$LOOPSTUDY_KERNEL_CACHE` (default `$XDG_CACHE_HOME/loopstudy/kernels`, else `~/.cache/loopstudy/kernels`), in
-  about 10 s. Processes starting together (Ray workers) wait on a lock file while one builds, and the library is
-  renamed into place whole, so no reader sees half of one.
-- Where it cannot be built (no compiler: `$CXX`, else `c++`), one warning says so and carry.py stays eager.
+  about 30 s. Processes starting together (Ray workers) wait on a lock file while one builds, and the library is
+  renamed into place whole, so no reader sees half of one. It is a Python extension module: a direct call costs
+  a few microseconds less than a registered torch op, at one call per layer.
+- Where it cannot be built (no C++20 compiler as `$CXX`, else `c++`; no Python headers), one warning says so and
+  carry.py stays eager.
 """
 
 from __future__ import annotations
