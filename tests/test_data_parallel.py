@@ -193,12 +193,17 @@ def spec_with(tmp_path: Path, *changes: tuple[str, str]) -> Path:
     return tmp_path / "s.yaml"
 
 
-def test_a_spec_refuses_more_than_one_gpu_per_worker_naming_workers(tmp_path):
-    spec = spec_with(tmp_path, ("resources: {cpu: 1, workers: 2}", "resources: {cpu: 1, gpu: 4}"))
+def refusal(tmp_path: Path, resources: str) -> str:
+    """What `loopstudy run` says of the spec with these resources: one line on stderr, exit 2 (checked here)."""
+    spec = spec_with(tmp_path, ("resources: {cpu: 1, workers: 2}", resources))
     proc = subprocess.run([sys.executable, "-m", "study.cli", "run", str(spec), "--store", str(tmp_path / "r")],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    assert "resources.gpu: 1 and resources.workers: 4" in proc.stderr
+    return proc.stderr
+
+
+def test_a_spec_refuses_more_than_one_gpu_per_worker_naming_workers(tmp_path):
+    assert "resources.gpu: 1 and resources.workers: 4" in refusal(tmp_path, "resources: {cpu: 1, gpu: 4}")
 
 
 def test_a_global_batch_that_does_not_split_over_the_workers_is_refused_before_any_trial(tmp_path):
@@ -209,13 +214,9 @@ def test_a_global_batch_that_does_not_split_over_the_workers_is_refused_before_a
         check_resources(study, {"CPU": 2})
 
 
-
 def test_workers_sharing_a_fractional_gpu_are_refused_naming_the_fix(tmp_path):
-    spec = spec_with(tmp_path, ("resources: {cpu: 1, workers: 2}", "resources: {cpu: 1, gpu: 0.5, workers: 2}"))
-    proc = subprocess.run([sys.executable, "-m", "study.cli", "run", str(spec), "--store", str(tmp_path / "r")],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    assert "each data-parallel worker needs a whole GPU. Set resources.gpu: 1" in proc.stderr
+    said = refusal(tmp_path, "resources: {cpu: 1, gpu: 0.5, workers: 2}")
+    assert "each data-parallel worker needs a whole GPU. Set resources.gpu: 1" in said
 
 
 def test_workers_no_node_can_hold_are_refused_naming_what_each_node_has(tmp_path):

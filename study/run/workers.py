@@ -6,8 +6,8 @@ The Tune trial holds no CPU or GPU of its own (study.run.tuner.trial_resources);
 resources.cpu and resources.gpu, and Ray Train sets up the process group (gloo on CPU, NCCL on GPUs). Every
 worker runs the trial's work (study.run.trainable.run_work) with its place among the workers
 (study.trial.data_parallel): all train and evaluate a share of the test set, rank 0 also writes the rows and
-checkpoints. Rank 0's reports
-reach Tune through TuneReportCallback, so the driver and Tune's scheduler and searcher see one trial.
+checkpoints. Rank 0's reports reach Tune through TuneReportCallback, so the driver and Tune's scheduler and
+searcher see one trial.
 
 Failures: Ray Train restarts a worker group that lost a worker (a node died) from the trial's last checkpoint, up
 to sweep.max_failures times; past that the Tune trial fails and Tune retries it, and the new TorchTrainer, run
