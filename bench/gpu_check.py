@@ -63,7 +63,7 @@ def rollout_check(size: dict, device: str, threads: int) -> dict:
 
     args = SimpleNamespace(device=device, dtype=size["dtype"], hidden=size["hidden"], heads=size["heads"],
                            grid=size["grid"], batch=size["batch"], threads=threads, depths=size["depths"], chunk=10)
-    timed = depth.side_by_side(args)
+    timed, median_ratio = depth.side_by_side(args)
     cfg, model, tokens, amp = depth.build(args, "carry_last")
     with amp:
         x = model.embed(tokens)
@@ -75,7 +75,8 @@ def rollout_check(size: dict, device: str, threads: int) -> dict:
         steps = deep // cfg.layers_per_step
         out[rule] = {"depth_layers": deep, "seconds": r["seconds"], "layers_per_s": r["layers_per_s"],
                      "tflops": flops * steps / r["seconds"] / 1e12}
-    out["infiloop_time_ratio"] = out["infiloop"]["seconds"] / out["carry_last"]["seconds"]
+    out["infiloop_time_ratio"] = median_ratio  # over paired turns (bench/depth.py)
+    out["infiloop_time_ratio_of_totals"] = out["infiloop"]["seconds"] / out["carry_last"]["seconds"]
     return out
 
 
