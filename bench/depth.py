@@ -4,9 +4,8 @@ Random weights, nested reasoner H6 L12 n_layers 2 (26 layers per outer cycle), r
 - Memory: each rule rolls out alone in a fresh subprocess: the bytes held by the rollout state and memory in use
   (CUDA: allocated bytes; CPU: resident set size). full_attnres (O(T^2) time) gets its own shallower depths.
 - Time: carry_last and InfiLoop roll out side by side in one process, taking turns every `--chunk` outer cycles,
-  so both see the same machine. InfiLoop's time ratio is the median over turns of its chunk time over
-  carry_last's: a burst of load on a shared machine lands in one rule's turn and moves a total, not that median
-  (the ratio of totals is printed beside it).
+  so both see the same machine; InfiLoop's time ratio is the median over turns (side_by_side says why), with the
+  ratio of totals beside it.
 The last line printed is JSON.
 
   python bench/depth.py                      # CPU-small defaults

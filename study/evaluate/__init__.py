@@ -107,7 +107,7 @@ def evaluate(model: Reasoner, task: Task, cfg: EvalConfig, device: str = "cpu",
     plan = make_plan(model, cfg, task.spec.pad)
     data = task.test if cfg.n_test is None else task.test.take(slice(0, cfg.n_test))
     batches = batch_slices(data, cfg.batch_size, task.spec.pad)
-    mine = list(range(len(batches)))[parallel.rank::parallel.world] if parallel is not None else range(len(batches))
+    mine = range(parallel.rank, len(batches), parallel.world) if parallel is not None else range(len(batches))
     later = dataclasses.replace(plan, perturb_step=None)  # the perturbation test uses the first batch only
     got: list[BatchRollout] = []
     for i, b in enumerate(mine):

@@ -2,7 +2,7 @@
 //
 // Eager PyTorch spends about 13 small kernels on this step, each paying a fixed dispatch cost that dwarfs its work
 // at the model's sizes. Here every row (one token's d-vector) is read once: the content score, the log-space
-// accumulator, the weight and the convex update, with the formulas of carry.py's eager infiloop_update:
+// accumulator, the weight and the convex update, with the formulas of carry.py's infiloop_update_eager:
 //   s = min(q . z / sqrt(mean(z^2) + eps), clip)      (s = 0 without q)
 //   log D = logaddexp(log D_prev + log beta, s);  gamma = exp(s - log D);  h = h_prev + gamma (z - h_prev)
 // Forward only: carry.py calls it when no gradient is recorded (rollouts and evaluation).

@@ -3,7 +3,7 @@
 Eager PyTorch spends about 13 small kernels on one InfiLoop step; at the model's sizes each costs more in dispatch
 than in work, which made InfiLoop's rollouts ~8% slower than carry-last's. The fused step reads each token's row
 once, in one call. Contract:
-- `fused_step(h_prev, log_d_prev, z, q, log_beta, clip, eps)` returns what carry.infiloop_update's eager path
+- `fused_step(h_prev, log_d_prev, z, q, log_beta, clip, eps)` returns what carry.infiloop_update_eager
   returns, or None where it does not apply: a gradient is being recorded (the kernel has no backward), a tensor is
   not on the CPU (on GPUs the eager kernels queue asynchronously, so their launch cost is hidden), or the tensors
   are not all float32 or all float64.

@@ -179,8 +179,9 @@ def run_trial(cfg: TrialConfig, *, context: TrialContext = TrialContext(), hooks
     result = evaluate(evaluated, task, cfg.eval, cfg.train.device, on_progress=hooks.on_eval_progress,
                       dtype=cfg.train.dtype, parallel=parallel)
     final_loss = history[-1].loss if history else None
-    metrics = summary_metrics(result.depth, final_loss) if result is not None else {}
-    if result is not None:
+    metrics = {}
+    if result is not None:  # rank 0 (or the only worker)
+        metrics = summary_metrics(result.depth, final_loss)
         recorder.complete(history, result, metrics, context.metric, trainer.step)
     for i, reading in enumerate(readings):
         hooks.say(f"evaluating the same weights another way ({i + 1}/{len(readings)}): trial {reading.tid}")
