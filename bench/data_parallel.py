@@ -46,10 +46,15 @@ class TimedParallel(DataParallel):
     """DataParallel whose collectives add up the seconds the step waits on them."""
 
     def total(self, values, device):
-        t = time.perf_counter()
-        out = super().total(values, device)
-        SECONDS[0] += time.perf_counter() - t
-        return out
+        sums = super().total(values, device)
+
+        def timed():
+            t = time.perf_counter()
+            out = sums()
+            SECONDS[0] += time.perf_counter() - t
+            return out
+
+        return timed
 
     def exchange(self, params):
         return TimedExchange(self, params)

@@ -17,7 +17,7 @@ from torch import nn
 
 from study.config import RULES, CarryConfig
 from study.models.block import RMS_EPS, rms_norm
-from study.models.infiloop_kernel import fused_step
+from study.models.infiloop_kernel import FLOATS, fused_step
 
 
 @dataclass
@@ -61,7 +61,9 @@ def infiloop_update(
     Returns (h_t, log D_t, gamma_t, s_t); gamma and s have a trailing dim of 1. Without gradient on the CPU this
     is one fused kernel (infiloop_kernel.py); elsewhere the eager ops of `infiloop_update_eager`.
     """
-    zf = z if z.dtype == torch.float64 else z.float()  # the accumulators stay at >= float32 under bf16
+    # The accumulators stay at >= float32 under bf16 (checked, not converted, at float32: this runs every layer,
+    # and even a no-op conversion is a trip through the dispatcher).
+    zf = z if z.dtype in FLOATS else z.float()
     fused = fused_step(h_prev, log_d_prev, zf, q, log_beta, clip, RMS_EPS)
     return fused if fused is not None else infiloop_update_eager(h_prev, log_d_prev, zf, q, log_beta, clip)
 

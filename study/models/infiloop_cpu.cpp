@@ -8,6 +8,7 @@
 // Forward only: carry.py calls it when no gradient is recorded (rollouts and evaluation).
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
+#include <ATen/EmptyTensor.h>
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
@@ -65,20 +66,55 @@ inline float log1p_unit(float t) {
 inline double exp_nonpositive(double x) { return std::exp(x); }
 inline double log1p_unit(double t) { return std::log1p(t); }
 
+// q . z and z . z of one row. The float version keeps its partial sums in registers and folds them with shuffles:
+// the compiler's own reduction spills its accumulators to the stack and reads them back lane by lane, which cost
+// more than the sums themselves at d = 64.
+typedef float float8 __attribute__((vector_size(32)));
+
+inline float fold(float8 a) {
+  a += __builtin_shufflevector(a, a, 4, 5, 6, 7, 0, 1, 2, 3);
+  a += __builtin_shufflevector(a, a, 2, 3, 0, 1, 6, 7, 4, 5);
+  a += __builtin_shufflevector(a, a, 1, 0, 3, 2, 5, 4, 7, 6);
+  return a[0];
+}
+
+inline void row_sums(const float* q, const float* z, int64_t d, float& dot, float& sq) {
+  float8 ad = {}, as = {};
+  int64_t i = 0;
+  for (; i + 8 <= d; i += 8) {
+    float8 zv, qv;
+    std::memcpy(&zv, z + i, sizeof zv);  // unaligned loads
+    std::memcpy(&qv, q + i, sizeof qv);
+    ad += qv * zv;
+    as += zv * zv;
+  }
+  dot = fold(ad);
+  sq = fold(as);
+  for (; i < d; ++i) {
+    dot += q[i] * z[i];
+    sq += z[i] * z[i];
+  }
+}
+
+inline void row_sums(const double* q, const double* z, int64_t d, double& dot, double& sq) {
+  dot = 0;
+  sq = 0;
+  for (int64_t i = 0; i < d; ++i) {
+    dot += q[i] * z[i];
+    sq += z[i] * z[i];
+  }
+}
+
 template <typename T>
-void step_rows(const Rows<T>& p, int64_t begin, int64_t end) {
+void step_block(const Rows<T>& p, int64_t begin, int64_t end) {
   const int64_t d = p.d;
   T* score = p.score_out;
   for (int64_t r = begin; r < end; ++r) {  // the content score: two sums over the row
     T s = 0;
     if (p.q != nullptr) {
       const T* z = p.z + r * d;
-      T dot = 0, sq = 0;
-#pragma omp simd reduction(+ : dot, sq)
-      for (int64_t i = 0; i < d; ++i) {
-        dot += p.q[i] * z[i];
-        sq += z[i] * z[i];
-      }
+      T dot, sq;
+      row_sums(p.q, z, d, dot, sq);
       s = std::min(dot / std::sqrt(sq / static_cast<T>(d) + p.eps), p.clip);
     }
     score[r] = s;
@@ -104,6 +140,13 @@ void step_rows(const Rows<T>& p, int64_t begin, int64_t end) {
   }
 }
 
+// A few rows at a time, so the update's second read of z comes from L1 rather than from L2.
+template <typename T>
+void step_rows(const Rows<T>& p, int64_t begin, int64_t end) {
+  const int64_t block = std::max<int64_t>(1, 4096 / static_cast<int64_t>(sizeof(T)) / p.d);  // 4 KiB of z
+  for (int64_t b = begin; b < end; b += block) step_block(p, b, std::min(b + block, end));
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> infiloop_step(
     const at::Tensor& h_prev, const at::Tensor& log_d_prev, const at::Tensor& z, const std::optional<at::Tensor>& q,
     const at::Tensor& log_beta, double clip, double eps) {
@@ -116,21 +159,31 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> infiloop_step(
   TORCH_CHECK(!q.has_value() || (q->dtype() == z.dtype() && q->numel() == d), "infiloop_step: q must be d values");
   const at::Tensor zc = z.contiguous(), hc = h_prev.contiguous(), lc = log_d_prev.contiguous();
   const at::Tensor qc = q.has_value() ? q->contiguous() : at::Tensor();
-  // One allocation for the three per-token outputs (each allocation is a dispatcher call); returned as views.
-  at::Tensor h = at::empty_like(zc);
-  at::Tensor aux = at::empty({3, rows}, lc.options());
-  AT_DISPATCH_FLOATING_TYPES(zc.scalar_type(), "infiloop_step", [&] {
-    scalar_t* out = aux.data_ptr<scalar_t>();
+  // Straight from the CPU allocator: through the dispatcher (at::empty), the four allocations cost about as much
+  // as the step's arithmetic at batch 8. at::detail::empty_cpu is ATen's own CPU allocation path, outside its
+  // stable API: torch is pinned (pyproject) and the built library is keyed by torch's version.
+  const auto shape = lc.sizes();
+  const auto dtype = zc.scalar_type();
+  at::Tensor h = at::detail::empty_cpu(zc.sizes(), dtype, false, std::nullopt);
+  at::Tensor log_d = at::detail::empty_cpu(shape, dtype, false, std::nullopt);
+  at::Tensor gamma = at::detail::empty_cpu(shape, dtype, false, std::nullopt);
+  at::Tensor score = at::detail::empty_cpu(shape, dtype, false, std::nullopt);
+  AT_DISPATCH_FLOATING_TYPES(dtype, "infiloop_step", [&] {
     const Rows<scalar_t> p{zc.const_data_ptr<scalar_t>(), hc.const_data_ptr<scalar_t>(),
                            lc.const_data_ptr<scalar_t>(), qc.defined() ? qc.const_data_ptr<scalar_t>() : nullptr,
                            *log_beta.const_data_ptr<scalar_t>(), static_cast<scalar_t>(clip),
-                           static_cast<scalar_t>(eps), d, h.data_ptr<scalar_t>(), out, out + rows, out + 2 * rows};
-    // Threads only past ~32k elements: below that, waking them costs more than the work.
-    at::parallel_for(0, rows, std::max<int64_t>(1, 32768 / d),
-                     [&](int64_t begin, int64_t end) { step_rows(p, begin, end); });
+                           static_cast<scalar_t>(eps), d, h.data_ptr<scalar_t>(), log_d.data_ptr<scalar_t>(),
+                           gamma.data_ptr<scalar_t>(), score.data_ptr<scalar_t>()};
+    // Threads only past ~32k elements: below that, waking them costs more than the work (and a direct call runs
+    // less code between the model's blocks than parallel_for's inline path).
+    const int64_t grain = std::max<int64_t>(1, 32768 / d);
+    if (rows <= grain) {
+      step_rows(p, 0, rows);
+    } else {
+      at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) { step_rows(p, begin, end); });
+    }
   });
-  const auto shape = lc.sizes();
-  return {h, aux[0].view(shape), aux[1].view(shape), aux[2].view(shape)};
+  return {h, log_d, gamma, score};
 }
 
 }  // namespace

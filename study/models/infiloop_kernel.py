@@ -12,7 +12,7 @@ once, in one call. Contract:
   about 30 s. Processes starting together (Ray workers) wait on a lock file while one builds, and the library is
   renamed into place whole, so no reader sees half of one. It is a Python extension module: a direct call costs
   a few microseconds less than a registered torch op, at one call per layer.
-- Where it cannot be built (no C++20 compiler as `$CXX`, else `c++`; no Python headers), one warning says so and
+- Where it cannot be built (no GCC 12+ or Clang as `$CXX`, else `c++`; no Python headers), one warning says so and
   carry.py stays eager.
 """
 
@@ -35,7 +35,7 @@ from torch.utils import cpp_extension
 
 SOURCE = Path(__file__).with_name("infiloop_cpu.cpp")
 _MODULE = "loopstudy_infiloop_cpu"  # the built module's name (its PyInit_ symbol)
-_FLOATS = (torch.float32, torch.float64)
+FLOATS = (torch.float32, torch.float64)  # the dtypes the fused step takes (and InfiLoop accumulates in)
 
 
 def cache_dir() -> Path:
@@ -101,7 +101,7 @@ def kernel():
     except (OSError, ImportError, subprocess.CalledProcessError) as err:
         detail = getattr(err, "stderr", "") or str(err)
         warnings.warn(f"InfiLoop's fused CPU step could not be built ({detail.strip()[-300:]}); using the eager "
-                      "step (same results, ~8% slower rollouts). Set CXX to a C++20 compiler to build it.",
+                      "step (same results, ~8% slower rollouts). Set CXX to GCC 12+ or Clang to build it.",
                       RuntimeWarning, stacklevel=2)
         return None
     return module.infiloop_step
@@ -122,7 +122,7 @@ def fused_step(
                                     or log_beta.requires_grad or (q is not None and q.requires_grad)):
         return None
     dtype = z.dtype
-    if (not z.is_cpu or dtype not in _FLOATS or h_prev.dtype != dtype or log_d_prev.dtype != dtype
+    if (not z.is_cpu or dtype not in FLOATS or h_prev.dtype != dtype or log_d_prev.dtype != dtype
             or log_beta.dtype != dtype or (q is not None and q.dtype != dtype)):
         return None
     op = kernel()

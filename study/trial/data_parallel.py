@@ -19,6 +19,7 @@ the order one worker would have taken them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,11 +40,17 @@ class DataParallel:
         per = batch_size // self.world
         return slice(self.rank * per, (self.rank + 1) * per)
 
-    def total(self, values: list[float], device: torch.device) -> list[float]:
-        """Each value summed over the workers (a loss, counts for the training log)."""
+    def total(self, values: list[float], device: torch.device) -> Callable[[], list[float]]:
+        """Each value summed over the workers (a loss, counts for the training log), started asynchronously: the
+        returned call waits for the sums."""
         t = torch.tensor(values, dtype=torch.float64, device=device)
-        dist.all_reduce(t)
-        return t.tolist()
+        work = dist.all_reduce(t, async_op=True)
+
+        def sums() -> list[float]:
+            work.wait()
+            return t.tolist()
+
+        return sums
 
     def gather(self, obj: Any) -> list[Any] | None:
         """Every worker's `obj` (picklable) in rank order on rank 0; None on the others."""

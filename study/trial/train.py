@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from study.config import TrainConfig
 from study.errors import TrainingError
-from study.models.reasoner import Reasoner
+from study.models.reasoner import LoopState, Reasoner
 from study.paths import atomic_target
 from study.rows import TrainLog
 from study.tasks import IGNORE, Split, accuracies
@@ -164,27 +164,24 @@ class Trainer:
         labels = torch.as_tensor(batch.labels, device=self.device)
         state = None
         t0 = time.perf_counter()
-        losses, preds = [], None
+        losses, exact_sum, cell_sum = [], 0.0, 0.0
         for _ in range(cfg.n_sup):
             if self.step >= cfg.steps:
                 break
-            state, logits, value = self.update(tokens, labels, state, scored)
-            losses.append(value)
-            preds = logits.argmax(-1)
+            state, (loss, exact_sum, cell_sum) = self.update(tokens, labels, state, scored)
+            losses.append(loss)
         self.batches += 1
-        exact, cell = accuracies(preds.cpu().numpy(), batch.labels)
-        exact_acc, cell_acc = float(exact.mean()), float(cell.mean())
-        if self.parallel is not None:  # over the global batch
-            exact_sum, cell_sum = self.parallel.total([float(exact.sum()), float(cell.sum())], self.device)
-            exact_acc, cell_acc = exact_sum / cfg.batch_size, cell_sum / cfg.batch_size
+        exact_acc, cell_acc = exact_sum / cfg.batch_size, cell_sum / cfg.batch_size  # over the global batch
         log = TrainLog(self.step, float(np.mean(losses)), cell_acc, exact_acc, lr_at(cfg, self.step - 1),
                        time.perf_counter() - t0)
         self.history.append(log)
         return log
 
-    def update(self, tokens: torch.Tensor, labels: torch.Tensor, state, scored: int | None):
-        """One supervised update from `state` (None: a fresh one) and its optimizer step; returns (the state, the
-        logits, the global batch's loss). scored: see cell_loss."""
+    def update(self, tokens: torch.Tensor, labels: torch.Tensor, state: LoopState | None,
+               scored: int | None) -> tuple[LoopState, tuple[float, float, float]]:
+        """One supervised update from `state` (None: a fresh one) and its optimizer step; returns the state and, over
+        the global batch, (the loss, the exactly solved samples, the sum of per-sample cell accuracies). scored: see
+        cell_loss."""
         cfg, model = self.cfg, self.model
         for g in self.opt.param_groups:
             g["lr"] = lr_at(cfg, self.step)
@@ -200,20 +197,21 @@ class Trainer:
         loss = cell_loss(logits, labels, cfg.loss, scored)
         if prog is not None:
             loss = (1 - cfg.progressive) * loss + cfg.progressive * cell_loss(prog, labels, cfg.loss, scored)
-        # the global batch's loss (every worker sees it, so all of them stop together when it diverges)
-        value = float(loss.detach())
-        if self.parallel is not None:
-            value = self.parallel.total([value], self.device)[0]
-        if not math.isfinite(value):
-            raise TrainingError(f"the training loss became {value:.4g} at step {self.step + 1} (lr "
-                                f"{lr_at(cfg, self.step):.3g}): training diverged, so the trial stores no "
-                                "results. Lower train.lr, or clip gradients (train.grad_clip)")
+        exact, cell = accuracies(logits.detach().argmax(-1).cpu().numpy(), labels.cpu().numpy())
+        values = [float(loss.detach()), float(exact.sum()), float(cell.sum())]
+        # Summed over the workers while backward runs: the step waits for the sums once, with the gradients.
+        totals = self.parallel.total(values, self.device) if self.parallel is not None else lambda: values
         self.opt.zero_grad(set_to_none=True)
         if self.puzzle_opt is not None:
             self.puzzle_opt.zero_grad(set_to_none=True)
         loss.backward()
         if self.exchange is not None:
             self.exchange.finish()
+        values = totals()
+        if not math.isfinite(values[0]):  # the global loss: every worker sees it, so all of them stop together
+            raise TrainingError(f"the training loss became {values[0]:.4g} at step {self.step + 1} (lr "
+                                f"{lr_at(cfg, self.step):.3g}): training diverged, so the trial stores no "
+                                "results. Lower train.lr, or clip gradients (train.grad_clip)")
         if cfg.grad_clip:  # the model's parameters (sign-SGD does not see a gradient's scale)
             torch.nn.utils.clip_grad_norm_(self.clipped, cfg.grad_clip)
         self.opt.step()
@@ -221,7 +219,7 @@ class Trainer:
             self.puzzle_opt.step()
         self.ema.update(model)
         self.step += 1
-        return state, logits, value
+        return state, tuple(values)
 
     def progressive_logits(self, x: torch.Tensor) -> torch.Tensor:
         """The logits Deep Thinking's progressive loss (train.progressive) scores: from a fresh state, n steps without
