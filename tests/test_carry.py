@@ -129,6 +129,41 @@ def test_fused_cpu_step_matches_the_eager_ops(dtype, content_score):
             torch.testing.assert_close(got, want, atol=tol, rtol=tol)
 
 
+def test_the_fused_step_in_place_writes_the_same_values_over_its_inputs():
+    g = torch.Generator().manual_seed(1)
+    z, h = torch.randn(4, 5, 32, generator=g), torch.randn(4, 5, 32, generator=g)
+    log_d, q, log_beta = torch.randn(4, 5, 1, generator=g), torch.randn(32, generator=g), torch.tensor(-0.2)
+    want = fused_step(h, log_d, z, q, log_beta, 8.0, RMS_EPS)
+    got = fused_step(h, log_d, z, q, log_beta, 8.0, RMS_EPS, True)
+    assert got[0] is h and got[1] is log_d  # written over the previous state
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+def test_a_nested_rollout_with_in_place_inner_steps_matches_the_eager_one_and_leaves_earlier_states_alone():
+    """Without gradient the inner loop's own states are overwritten by the fused step (in_place); the states a
+    rollout hands out (one per outer step) must not change afterwards, and the numbers must be the eager ones."""
+    from study.models import ModelConfig, build_reasoner
+    from study.tasks import TaskSpec
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(hidden=32, heads=2, n_layers=1, H=2, L=4, carry=CarryConfig(rule="infiloop", placement="both"))
+    model = build_reasoner(cfg, TaskSpec("sudoku", 6, 16, (4, 4)))
+    with torch.no_grad():
+        torch.nn.init.normal_(model.carry_inner.q)  # a content score that is not zero
+    tokens = torch.randint(0, 6, (3, 16))
+    seen = []
+    model.rollout(tokens, 3, on_step=lambda st: seen.append((st, st.inner.h.clone(), st.outer.h.clone())))
+    for st, inner, outer in seen:  # each outer step's state, as it was handed out
+        assert torch.equal(st.inner.h, inner) and torch.equal(st.outer.h, outer)
+    x = model.embed(tokens)  # with gradient: the eager ops, out of place
+    state = model.init_state(x)
+    for _ in range(3):
+        state = model.step(state, x)
+    torch.testing.assert_close(seen[-1][0].inner.h, state.inner.h.detach(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(seen[-1][0].outer.h, state.outer.h.detach(), atol=1e-5, rtol=1e-5)
+
+
 def test_the_fused_step_is_not_used_where_a_gradient_is_recorded():
     z = torch.randn(2, 3, 8, requires_grad=True)
     args = (torch.zeros(2, 3, 8), torch.zeros(2, 3, 1), z, None, torch.tensor(0.0), 8.0, RMS_EPS)

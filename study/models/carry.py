@@ -3,6 +3,8 @@
 Every rule is an `nn.Module` (it owns the axis's parameters) with two calls:
   state = rule.start(h0)            the axis's state before its first candidate (h0: the initial state)
   state = rule.step(state, z, eta)  take candidate z_t (a block output); `state.h` is what the loop carries on
+`step(..., in_place=True)` says the caller drops `state` and nothing else reads it (an inner loop's own
+intermediate states): a rule may then write the new state into its buffers.
 The per-iteration state lives in a `CarryState` (never in the module), so rollouts are re-entrant, can be detached
 between updates and frozen per sample when halting.
 """
@@ -51,6 +53,7 @@ def infiloop_update(
     q: torch.Tensor | None,
     log_beta: torch.Tensor,
     clip: float = 8.0,
+    in_place: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One step of the InfiLoop recursion in log space (methods.md section 3).
 
@@ -59,12 +62,13 @@ def infiloop_update(
     Carrying (h, log D) instead of raw (N, D) keeps it finite for beta >= 1 over any number of steps.
     q=None drops the content score (s_t = 0: decay-only weights, an ablation point).
     Returns (h_t, log D_t, gamma_t, s_t); gamma and s have a trailing dim of 1. Without gradient on the CPU this
-    is one fused kernel (infiloop_kernel.py); elsewhere the eager ops of `infiloop_update_eager`.
+    is one fused kernel (infiloop_kernel.py), which in_place writes h_t and log D_t over h_prev and log_d_prev;
+    elsewhere the eager ops of `infiloop_update_eager`, always out of place.
     """
     # The accumulators stay at >= float32 under bf16 (checked, not converted, at float32: this runs every layer,
     # and even a no-op conversion is a trip through the dispatcher).
     zf = z if z.dtype in FLOATS else z.float()
-    fused = fused_step(h_prev, log_d_prev, zf, q, log_beta, clip, RMS_EPS)
+    fused = fused_step(h_prev, log_d_prev, zf, q, log_beta, clip, RMS_EPS, in_place)
     return fused if fused is not None else infiloop_update_eager(h_prev, log_d_prev, zf, q, log_beta, clip)
 
 
@@ -120,7 +124,8 @@ class CarryLast(nn.Module):
     def start(self, h0: torch.Tensor) -> CarryState:
         return CarryState(h0)
 
-    def step(self, state: CarryState, z: torch.Tensor, eta: torch.Tensor | None = None) -> CarryState:
+    def step(self, state: CarryState, z: torch.Tensor, eta: torch.Tensor | None = None, *,
+             in_place: bool = False) -> CarryState:
         return CarryState(z)
 
 
@@ -146,8 +151,10 @@ class InfiLoop(nn.Module):
         zeros = torch.zeros_like(log_d)
         return CarryState(h0.float(), {"log_d": log_d, "gamma": zeros, "score": zeros})
 
-    def step(self, state: CarryState, z: torch.Tensor, eta: torch.Tensor | None = None) -> CarryState:
-        h, log_d, gamma, s = infiloop_update(state.h, state.aux["log_d"], z, self.q, self.log_beta, self.clip)
+    def step(self, state: CarryState, z: torch.Tensor, eta: torch.Tensor | None = None, *,
+             in_place: bool = False) -> CarryState:
+        h, log_d, gamma, s = infiloop_update(state.h, state.aux["log_d"], z, self.q, self.log_beta, self.clip,
+                                             in_place)
         return CarryState(h, {"log_d": log_d, "gamma": gamma, "score": s})
 
 
@@ -169,7 +176,8 @@ class FullAttnRes(nn.Module):
     def start(self, h0: torch.Tensor) -> CarryState:
         return CarryState(h0, {"cands": h0.new_zeros(*h0.shape[:-1], 0, h0.shape[-1])})
 
-    def step(self, state: CarryState, z: torch.Tensor, eta: torch.Tensor | None = None) -> CarryState:
+    def step(self, state: CarryState, z: torch.Tensor, eta: torch.Tensor | None = None, *,
+             in_place: bool = False) -> CarryState:
         cands = torch.cat([state.aux["cands"], z.unsqueeze(-2)], dim=-2)  # (B, S, t, d)
         query = self.q * rms_norm(z) / math.sqrt(z.shape[-1])
         scores = torch.einsum("...td,...d->...t", rms_norm(cands), query).clamp(max=self.clip)
@@ -185,7 +193,8 @@ class Damped(nn.Module):
     def start(self, h0: torch.Tensor) -> CarryState:
         return CarryState(h0)
 
-    def step(self, state: CarryState, z: torch.Tensor, eta: torch.Tensor | None = None) -> CarryState:
+    def step(self, state: CarryState, z: torch.Tensor, eta: torch.Tensor | None = None, *,
+             in_place: bool = False) -> CarryState:
         if eta is None:
             return CarryState(z)
         e = eta.to(z.dtype).view(-1, *([1] * (z.dim() - 1)))

@@ -149,7 +149,7 @@ void step_rows(const Rows<T>& p, int64_t begin, int64_t end) {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> infiloop_step(
     const at::Tensor& h_prev, const at::Tensor& log_d_prev, const at::Tensor& z, const std::optional<at::Tensor>& q,
-    const at::Tensor& log_beta, double clip, double eps) {
+    const at::Tensor& log_beta, double clip, double eps, bool in_place) {
   TORCH_CHECK(z.sizes() == h_prev.sizes(), "infiloop_step: h_prev and z differ in shape");
   TORCH_CHECK(z.dtype() == h_prev.dtype() && z.dtype() == log_d_prev.dtype(), "infiloop_step: dtypes differ");
   const int64_t d = z.size(-1);
@@ -158,14 +158,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> infiloop_step(
   TORCH_CHECK(log_beta.numel() == 1 && log_beta.dtype() == z.dtype(), "infiloop_step: log_beta must be one value");
   TORCH_CHECK(!q.has_value() || (q->dtype() == z.dtype() && q->numel() == d), "infiloop_step: q must be d values");
   const at::Tensor zc = z.contiguous(), hc = h_prev.contiguous(), lc = log_d_prev.contiguous();
+  TORCH_CHECK(!in_place || !hc.is_same(zc), "infiloop_step: in place, h_prev must not be z");
   const at::Tensor qc = q.has_value() ? q->contiguous() : at::Tensor();
   // Straight from the CPU allocator: through the dispatcher (at::empty), the four allocations cost about as much
   // as the step's arithmetic at batch 8. at::detail::empty_cpu is ATen's own CPU allocation path, outside its
   // stable API: torch is pinned (pyproject) and the built library is keyed by torch's version.
   const auto shape = lc.sizes();
   const auto dtype = zc.scalar_type();
-  at::Tensor h = at::detail::empty_cpu(zc.sizes(), dtype, false, std::nullopt);
-  at::Tensor log_d = at::detail::empty_cpu(shape, dtype, false, std::nullopt);
+  // In place, h and log D overwrite the (contiguous copies of the) previous ones: each row is read before it is
+  // written. At batch 64 the fresh h cost more than the arithmetic, its lines fetched from memory only to be
+  // overwritten.
+  at::Tensor h = in_place ? hc : at::Tensor(at::detail::empty_cpu(zc.sizes(), dtype, false, std::nullopt));
+  at::Tensor log_d = in_place ? lc : at::Tensor(at::detail::empty_cpu(shape, dtype, false, std::nullopt));
   at::Tensor gamma = at::detail::empty_cpu(shape, dtype, false, std::nullopt);
   at::Tensor score = at::detail::empty_cpu(shape, dtype, false, std::nullopt);
   AT_DISPATCH_FLOATING_TYPES(dtype, "infiloop_step", [&] {
@@ -191,5 +195,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> infiloop_step(
 // A Python module of one function: a direct call costs a few microseconds less than a registered torch op's
 // boxed dispatch, which matters at one call per layer.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("infiloop_step", &infiloop_step, "One InfiLoop step: (h, log D, gamma, score)");
+  m.def("infiloop_step", &infiloop_step,
+        "One InfiLoop step: (h, log D, gamma, score); in_place: h and log D written over h_prev and log_d_prev");
 }

@@ -3,8 +3,9 @@
 Eager PyTorch spends about 13 small kernels on one InfiLoop step; at the model's sizes each costs more in dispatch
 than in work, which made InfiLoop's rollouts ~8% slower than carry-last's. The fused step reads each token's row
 once, in one call. Contract:
-- `fused_step(h_prev, log_d_prev, z, q, log_beta, clip, eps)` returns what carry.infiloop_update_eager
-  returns, or None where it does not apply: a gradient is being recorded (the kernel has no backward), a tensor is
+- `fused_step(h_prev, log_d_prev, z, q, log_beta, clip, eps, in_place)` returns what
+  carry.infiloop_update_eager returns (in place: h and log D written over h_prev and log_d_prev), or None where
+  it does not apply: a gradient is being recorded (the kernel has no backward), a tensor is
   not on the CPU (on GPUs the eager kernels queue asynchronously, so their launch cost is hidden), or the tensors
   are not all float32 or all float64.
 - The library is built once per source, torch version and CPU (it is tuned to the CPU it is built on) into
@@ -115,6 +116,7 @@ def fused_step(
     log_beta: torch.Tensor,
     clip: float,
     eps: float,
+    in_place: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """The fused step, or None where it does not apply (see the module docstring)."""
     # Written out rather than looped: this runs at every layer of every rollout, and each check costs time there.
@@ -126,4 +128,4 @@ def fused_step(
             or log_beta.dtype != dtype or (q is not None and q.dtype != dtype)):
         return None
     op = kernel()
-    return None if op is None else op(h_prev, log_d_prev, z, q, log_beta, clip, eps)
+    return None if op is None else op(h_prev, log_d_prev, z, q, log_beta, clip, eps, in_place)

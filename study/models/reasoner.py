@@ -177,9 +177,10 @@ class NestedReasoner(Reasoner):
         y = state.outer.h
         inner = self.carry_inner.start(state.inner.h) if self.cfg.carry.reset_inner else state.inner
         x = self.injected(x)
-        for _ in range(self.cfg.L):
+        for i in range(self.cfg.L):
             inp = inner.h + y if x is None else inner.h + y + x
-            inner = self.carry_inner.step(inner, self.block(inp), eta)
+            # From the second inner step on, `inner` is this loop's own: the step may overwrite it.
+            inner = self.carry_inner.step(inner, self.block(inp), eta, in_place=i > 0)
         cand = self.block(y + inner.h)
         residual = relative_residual(y, cand, self.cfg.halting.eps)
         outer = self.carry_outer.step(state.outer, cand, eta)
