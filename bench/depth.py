@@ -44,7 +44,9 @@ def build(args, rule: str):
 
     from study.models import CarryConfig, ModelConfig, build_reasoner
     from study.tasks import TaskSpec
+    from study.trial.heap import keep_freed_memory
 
+    keep_freed_memory()  # as in a trial's process
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)

@@ -65,6 +65,11 @@ BENCHES = [
           lambda r: x(r["infiloop_time_ratio_vs_carry_last"])),
     Bench("depth_b64", ["bench/depth.py", "--time-only", "--depths", "1040", "5200", "--batch", "64"],
           "the same at batch 64", "<= 1.02x", lambda r: x(r["infiloop_time_ratio_vs_carry_last"])),
+    Bench("heap", ["bench/heap.py"],
+          "a carry_last rollout (batch 64, 1,560 layers) under glibc malloc's adaptive thresholds vs the fixed ones "
+          "a trial's process sets (study/trial/heap.py): fresh processes taking turns, median over 5 pairs; page "
+          "faults per layer", ">= 1.0x", lambda r: f"{x(r['adaptive_over_fixed'])}; faults per layer "
+          f"{r['faults_per_layer']['adaptive']:.1f} vs {r['faults_per_layer']['fixed']:.2f}"),
     Bench("train_step", ["bench/train_step.py"],
           "loopstudy's training step (Trainer.train_batch) vs a bare PyTorch loop of the same model, batch and loss "
           "(hidden 256, batch 64, 1 thread); achieved FLOP/s against this CPU's matmul rate", "<= 1.05x",

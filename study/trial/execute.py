@@ -26,6 +26,7 @@ from study.models.reasoner import build_reasoner
 from study.store import Store, config_row, now_utc
 from study.tasks.loader import load_task
 from study.trial.data_parallel import DataParallel
+from study.trial.heap import keep_freed_memory
 from study.trial.preflight import preflight_trial
 from study.trial.train import Trainer, TrainLog, seed_everything
 from study.trial.weights import StoredWeights, load_weights, save_weights
@@ -155,6 +156,7 @@ def run_trial(cfg: TrialConfig, *, context: TrialContext = TrialContext(), hooks
     context writes (TrialContext.writes).
     """
     preflight_trial(cfg, context.store)
+    keep_freed_memory()
     seed_everything(cfg.seed)
     task = load_task(cfg.task)
     model = build_reasoner(cfg.model, task.spec)
@@ -242,6 +244,7 @@ def evaluate_stored(weights_of: str, readings: Sequence[Reading], *, context: Tr
         return []
     cfg = todo[0].cfg
     preflight_trial(cfg, store)
+    keep_freed_memory()
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     task = load_task(cfg.task)
