@@ -1,7 +1,7 @@
 """Run the CPU benchmarks once, at the sizes below, and write docs/benchmarks.md from that one run: the
 commit, the machine, each benchmark's command, what it measured and its target. Each figure is a ratio of things
 measured side by side in the same process (or a time against a stated target); nothing is carried over from an
-earlier run. About 15 minutes on 2 cores.
+earlier run. About 8 minutes on 2 cores.
 
     python bench/run_all.py                 # run them, rewrite the page
     python bench/run_all.py --only depth    # one of them (the page is rewritten with only it)
