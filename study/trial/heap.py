@@ -4,7 +4,7 @@ A looped model allocates and frees the same few hundred KiB at every layer. glib
 process has freed so far: blocks above the mmap threshold get a mapping of their own, and free memory above the
 trim threshold at the heap's top is handed back. Depending on that history, a process may give back a layer's
 memory at each layer and fault it in again, zeroed page by page, at the next: bench/heap.py's rollout at batch 64
-took ~350 page faults per layer that way and ran ~17% slower (at batch 8 the activations stay below the
+took 237-354 page faults per layer that way and ran 11-18% slower (at batch 8 the activations stay below the
 thresholds, and nothing changes). Which way a process went changed from run to run. Fixed thresholds keep the
 memory on the heap. The cost: a process's resident memory stays at its peak rather than shrinking after it.
 """
@@ -15,7 +15,7 @@ import ctypes
 import platform
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters (<malloc.h>)
-MMAP_THRESHOLD = 32 << 20  # the largest glibc accepts (half its 64 MiB heap size on 64-bit)
+MMAP_THRESHOLD = 32 << 20  # where glibc's adaptive threshold stops rising on 64-bit: larger blocks keep a mapping
 TRIM_THRESHOLD = 1 << 30
 
 
