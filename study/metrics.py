@@ -44,7 +44,8 @@ MetricName = Literal[tuple(METRICS)]  # type: ignore[valid-type]  # any trial me
 DEFAULT_METRIC = "final_exact_acc"
 
 # Output formats of every command that prints a table.
-FORMATS = ("terminal", "markdown", "csv", "latex")
+FORMATS = ("terminal", "markdown", "csv", "json", "latex")
+MACHINE_FORMATS = ("csv", "json")  # every value as stored; the others round for reading
 
 
 def summary_metrics(depth: list, final_train_loss: float | None) -> dict[str, float]:

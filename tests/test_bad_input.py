@@ -64,6 +64,9 @@ def write_csv(path: Path, rows: list[str]) -> Path:
 # -- spec values refused before any trial ------------------------------------------------------------------------------
 @pytest.mark.parametrize("text,needles", [
     (BASE + "eval: {n_test: -5}\n", ["eval.n_test=-5", ">= 1"]),
+    (BASE + "train: {puzzle_lr: 0.1}\n", ["train.puzzle_lr is set but never read", "no puzzle embedding"]),
+    (BASE + "train: {puzzle_weight_decay: 0.5}\nsweep: {optuna: {num_samples: 2, space: {train.lr: {type: uniform, "
+     "low: 0.001, high: 0.01}}}}\n", ["train.puzzle_weight_decay is set but never read"]),
     (BASE + "eval: {n_test: 0}\n", ["eval.n_test=0"]),
     (BASE + "eval: {n_test: 65}\n", ["eval.n_test=65", "task.n_test=64"]),
     (BASE + "eval: {batch_size: 0}\n", ["eval.batch_size=0"]),
@@ -511,6 +514,32 @@ def test_a_refused_query_prints_one_short_line_from_the_cli(tmp_path):
     write_trial(Store(tmp_path), "s", "t1")
     proc = loopstudy("query", "SELEC garbage FROM (((", "--store", str(tmp_path))
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and len(proc.stderr) <= 320, proc.stderr
+
+
+@pytest.mark.parametrize("q", ["SELECT count(*) FROM trials; SELECT count(*) FROM depth_eval",
+                               "SELECT 1; DROP TABLE trials", "SELECT 1;;SELECT 2"])
+def test_several_statements_in_one_query_are_refused(store_with_a_trial, q):
+    with pytest.raises(AnalysisError, match="2 statements in one; give one per call"):
+        query.sql(store_with_a_trial, q)
+
+
+def test_a_query_answers_in_csv_and_json_with_every_value_as_stored(tmp_path):
+    import json
+
+    store = Store(tmp_path)
+    write_trial(store, "s", "t1")
+    q = "SELECT 0.0595857966123::DOUBLE AS x, 59585.8::DOUBLE AS big, [1, 2] AS xs"
+    as_csv = loopstudy("query", q, "--store", str(tmp_path), "--format", "csv")
+    assert as_csv.returncode == 0, as_csv.stderr
+    assert as_csv.stdout == "x,big,xs\n0.0595857966123,59585.8,\"[1, 2]\"\n"
+    as_json = loopstudy("query", q, "--store", str(tmp_path), "--format", "json")
+    assert json.loads(as_json.stdout) == [{"x": 0.0595857966123, "big": 59585.8, "xs": [1, 2]}]
+    out = loopstudy("query", q, "--store", str(tmp_path), "--out", str(tmp_path / "a.parquet"))
+    assert out.returncode == 0 and out.stdout == ""
+    assert pl.read_parquet(tmp_path / "a.parquet").to_dicts() == [{"x": 0.0595857966123, "big": 59585.8,
+                                                                   "xs": [1, 2]}]
+    shown = loopstudy("query", q, "--store", str(tmp_path))
+    assert "0.060" in shown.stdout and "59,585.8" in shown.stdout  # the terminal rounds for reading
 
 
 @pytest.fixture

@@ -142,3 +142,63 @@ def test_table_compare_from_the_cli(ctx):
     assert no_base.returncode == 2 and "needs --baseline" in no_base.stderr
     other = cli("table", "depth", "--study", "paired", "--store", root, "--baseline", BASE)
     assert other.returncode == 2 and "--baseline: for `loopstudy table compare` only" in other.stderr
+
+
+def test_a_depth_never_read_names_the_depths_that_were(ctx):
+    with pytest.raises(AnalysisError, match=f"no reading at 7 layers; depths read: {PEAK}, {TEN_X}"):
+        compare(ctx, Comparison(BASE, "exact_acc", depth=7))
+
+
+def test_retention_without_a_reading_at_10x_says_which_depth_it_needs(tmp_path):
+    store = Store(tmp_path)
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    for rule in ("carry_last", "infiloop"):
+        for seed in (0, 1):
+            cfg = to_dict(TrialConfig(seed=seed))
+            cfg["model"]["carry"]["rule"] = rule
+            tid = f"{rule[:3]}{seed}"
+            store.write("depth_eval", "shallow", tid, [
+                {"depth_layers": PEAK, "outer_cycles": PEAK // 14, "difficulty": None, "n": 100, "exact_acc": 0.5,
+                 "cell_acc": 0.9, "halted_frac": 0.0, "eff_layers": float(PEAK)}])
+            for table in ("dynamics", "perturbation", "train_curve"):
+                store.write(table, "shallow", tid, [])
+            store.write("trials", "shallow", tid, [{**config_row(cfg), "status": "complete", "params": 1,
+                                                    "started": now, "ended": now, "wall_s": 1.0, "device": "cpu"}])
+    proc = cli("table", "compare", "--study", "shallow", "--store", str(tmp_path), "--baseline", BASE,
+               "--retention")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"retention needs a reading at 10x each trial's training depth ({TEN_X:,} layers" in proc.stderr
+    assert "no trial of study 'shallow' was read there" in proc.stderr and "unpaired" not in proc.stderr
+
+
+@pytest.mark.parametrize("args", [("compare", "--baseline", BASE, "--half-width", "nan"),
+                                  ("compare", "--baseline", BASE, "--half-width", "inf"),
+                                  ("compare", "--baseline", BASE, "--depth", "0"),
+                                  ("pareto", "--budget", "nan"), ("pareto", "--budget=-inf"),
+                                  ("pareto", "--budget", "0")])
+def test_nan_infinite_or_non_positive_numbers_on_the_command_line_are_refused(ctx, args):
+    proc = cli("table", *args, "--study", "paired", "--store", ctx.store.uri)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    option = next(a.split("=")[0] for a in args if a.startswith("--") and a != "--baseline")
+    assert option in proc.stderr and "is not allowed" in proc.stderr, proc.stderr
+
+
+def test_machine_readable_formats_carry_every_value_as_stored(ctx, tmp_path):
+    import json
+
+    import polars as pl
+
+    exact = compare(ctx, Comparison(BASE, "exact_acc", depth=TEN_X, half_width=0.05))
+    args = ("table", "compare", "--study", "paired", "--store", ctx.store.uri, "--baseline", BASE, "--depth",
+            str(TEN_X), "--half-width", "0.05")
+    as_csv = pl.read_csv(cli(*args, "--format", "csv").stdout.encode())
+    as_json = pl.DataFrame(json.loads(cli(*args, "--format", "json").stdout))
+    proc = cli(*args, "--out", str(tmp_path / "cmp.parquet"))
+    assert proc.returncode == 0 and "written to" in proc.stderr and proc.stdout == "", proc.stderr
+    as_parquet = pl.read_parquet(tmp_path / "cmp.parquet")
+    assert as_parquet.equals(exact)
+    for got in (as_csv, as_json):
+        for col in ("diff", "ci95_lo", "p", "p_holm", "baseline_mean"):
+            assert got[col].to_list() == pytest.approx(exact[col].to_list(), rel=1e-15, abs=0), col
+    refused = cli(*args, "--out", str(tmp_path / "cmp.csv"))
+    assert refused.returncode == 2 and "a .parquet file" in refused.stderr

@@ -51,16 +51,23 @@ def assert_rows_once(root, study, n_trials):
 def smoke_run(ray_cluster, tmp_path_factory):
     root = tmp_path_factory.mktemp("smoke")
     # the earlier spellings --storage / --out still work beside --store / --figures
-    proc = loopstudy("run", "search_spaces/smoke.yaml", "--address", ray_cluster["address"], "--storage", str(root),
-                     "--figures", str(root / "figures"))
+    # (fewer steps than the README's run: what is asserted here is the path, not how well it learns)
+    proc = loopstudy("run", "search_spaces/smoke.yaml", "train.steps=60", "train.log_every=20", "--address",
+                     ray_cluster["address"], "--storage", str(root), "--figures", str(root / "figures"))
     return root, proc
 
 
 def test_smoke_study_runs_end_to_end_through_loopstudy_run(smoke_run):
     root, proc = smoke_run
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "depth_layers" in proc.stdout and "infiloop_both" in proc.stdout  # ends with the depth table
+    # ends with the depth table as the report shows it: a column per setting, mean ± CI, no constant column
+    header = proc.stdout.splitlines()[0].split()
+    assert header == ["depth_layers", "fprm", "infiloop_both", "trm_carry_last"], proc.stdout
+    assert "source" not in proc.stdout and "measured" not in proc.stdout
     assert "done 3/3  running 0" in proc.stderr  # the running count is exact, not Tune's lagging status
+    # progress lines name settings, not trial ids
+    assert "finished trm_carry_last seed 0" in proc.stderr, proc.stderr[-3000:]
+    assert not any(tid in proc.stderr for tid in complete_ids(root, "smoke"))
     assert_rows_once(root, "smoke", 3)
     reports = [json.loads(line) for f in (root / "_tune" / "smoke").glob("*/result.json") for line in f.open()]
     assert {r.get("phase") for r in reports} >= {"train"}  # what the driver's status lines are made of
@@ -79,11 +86,28 @@ def test_trials_run_on_both_worker_nodes(smoke_run):
 def test_running_a_finished_study_again_reruns_nothing(smoke_run, ray_cluster):
     root, _ = smoke_run
     before = {p: p.stat().st_mtime_ns for p in (root / "trials").rglob("*.parquet")}
-    proc = loopstudy("run", "search_spaces/smoke.yaml", "--address", ray_cluster["address"], "--store",
-                     str(root), "--no-plot")
+    proc = loopstudy("run", "search_spaces/smoke.yaml", "train.steps=60", "train.log_every=20", "--address",
+                     ray_cluster["address"], "--store", str(root), "--no-plot")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "3 trial(s) already complete" in proc.stderr and "nothing to run" in proc.stderr
     assert {p: p.stat().st_mtime_ns for p in (root / "trials").rglob("*.parquet")} == before
+
+
+def test_a_dry_run_shows_what_would_run_and_skip_on_the_cluster_and_starts_nothing(smoke_run, ray_cluster, tmp_path):
+    root, _ = smoke_run
+    before = sorted(p.relative_to(root) for p in root.rglob("*"))
+    proc = loopstudy("run", "search_spaces/smoke.yaml", "train.steps=60", "train.log_every=20", "--dry-run",
+                     "--address", ray_cluster["address"], "--store", str(root))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("skip (complete)") == 3 and "would run 0 of 3" in proc.stderr
+    assert sorted(p.relative_to(root) for p in root.rglob("*")) == before  # nothing stored, no lease taken
+    # a paper spec asking for GPUs, checked on a CPU cluster: the refusal is reported, not fatal
+    paper = loopstudy("run", "search_spaces/paper/beta_init.yaml", "--dry-run", "--address", ray_cluster["address"],
+                      "--store", str(tmp_path / "paper"))
+    assert paper.returncode == 0, paper.stderr[-3000:]
+    assert paper.stdout.count(" run ") == 18 and "would run 18 of 18" in paper.stderr
+    assert "a run here would be refused" in paper.stderr and "resources.gpu=1" in paper.stderr
+    assert "the cluster offers" in paper.stderr and not (tmp_path / "paper").exists()
 
 
 def test_submit_runs_a_study_as_a_ray_job_on_s3_with_this_machines_endpoint_and_credentials(ray_cluster, s3_server):
@@ -108,30 +132,63 @@ def test_submit_runs_a_study_as_a_ray_job_on_s3_with_this_machines_endpoint_and_
     assert st.returncode == 0 and "2/2" in st.stdout, st.stdout + st.stderr
 
 
-def test_driver_killed_mid_study_then_resume_completes_without_rerunning(ray_cluster, tmp_path):
+def checkpoints_named_by_tune(path: Path) -> dict[str, str]:
+    """{trial dir: the checkpoint Tune's saved experiment state names} for its unfinished trials."""
+    from ray.tune import ExperimentAnalysis
+
+    try:
+        trials = ExperimentAnalysis(str(path)).trials
+    except Exception:  # not saved yet, or mid-write
+        return {}
+    return {t.path: t.checkpoint.path for t in trials if t.status != "TERMINATED" and t.checkpoint is not None}
+
+
+def last_report(trial_dir: str) -> dict:
+    lines = (Path(trial_dir) / "result.json").read_text().splitlines()
+    return json.loads(lines[-1]) if lines else {}
+
+
+def test_driver_killed_mid_study_then_resume_completes_without_rerunning_even_when_its_checkpoint_is_gone(
+        ray_cluster, tmp_path):
+    """The driver dies mid-study; resume completes every trial once, complete ones not run again. Tune's saved state
+    can name a checkpoint that num_to_keep deleted after the save (the driver died between the two): made certain
+    here by deleting the named checkpoints. The trial continues from the newest kept one, or starts again when none
+    is kept; it never fails for it."""
+    import shutil
+
     driver = subprocess.Popen([sys.executable, "-m", "study.cli", "run", "tests/specs/tiny.yaml", "--address",
                                ray_cluster["address"], "--store", str(tmp_path), "--no-plot"],
                               cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + 300
-    while len(complete_ids(tmp_path, "tiny")) < 1:
+    deadline, unfinished = time.time() + 300, {}
+    while len(unfinished) < 2:  # two trials mid-training, each with a checkpoint in the saved state
         assert driver.poll() is None, "driver ended before it could be killed"
         assert time.time() < deadline
         time.sleep(0.5)
+        done = complete_ids(tmp_path, "tiny")
+        unfinished = {d: c for d, c in checkpoints_named_by_tune(tmp_path / "_tune" / "tiny").items()
+                      if last_report(d).get("trial") not in done}
     os.killpg(driver.pid, signal.SIGKILL)
     driver.wait()
-    done_before = complete_ids(tmp_path, "tiny")
-    assert 1 <= len(done_before) < 4
-    # the trials that were complete (the others' rows say `running` and are rewritten when they run again)
-    mtimes = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "trials").rglob("*.parquet")
-              if p.stem in done_before}
+    done = complete_ids(tmp_path, "tiny")  # a trial may have completed since: it is then skipped, not resumed
+    unfinished = {d: c for d, c in unfinished.items() if last_report(d).get("trial") not in done}
+    trial_dirs = sorted(unfinished)
+    mtimes = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "trials").rglob("*.parquet") if p.stem in done}
+    for ckpt in unfinished.values():
+        shutil.rmtree(ckpt, ignore_errors=True)
+    for p in Path(trial_dirs[0]).glob("checkpoint_*"):  # the first trial keeps none: it starts again
+        shutil.rmtree(p)
 
     proc = loopstudy("resume", "tiny", "--store", str(tmp_path), "--address", ray_cluster["address"])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert len(complete_ids(tmp_path, "tiny")) == 4
-    after = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "trials").rglob("*.parquet")}
-    for name, t in mtimes.items():  # trials complete before the resume were not run again
-        assert after[name] == t, name
+    assert "0 failed" in proc.stderr and "does not exist on storage" not in proc.stderr, proc.stderr[-3000:]
     assert_rows_once(tmp_path, "tiny", 4)
+    after = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "trials").rglob("*.parquet")}
+    assert all(after[name] == t for name, t in mtimes.items())  # trials complete before the resume were not rerun
+    last = {d: last_report(d) for d in trial_dirs}
+    assert all(r.get("final") and not r.get("skipped") for r in last.values())
+    assert "resumed_step" not in last[trial_dirs[0]]  # started again
+    if len(trial_dirs) > 1:
+        assert last[trial_dirs[1]]["resumed_step"] > 0  # continued from the newest checkpoint it kept
 
 
 def test_ctrl_c_says_the_study_was_interrupted_and_how_to_resume(ray_cluster, tmp_path):
@@ -257,6 +314,40 @@ def test_resume_continues_the_optuna_study_of_a_search_whose_driver_died(ray_clu
     rows = pl.from_arrow(Store(tmp_path).read("trials", "optuna_hpo"))
     assert rows["trial_id"].n_unique() == rows.height and set(rows["trial_id"]) >= {
         t.user_attrs["loopstudy_trial_id"] for t in counted}
+
+
+def test_an_optuna_search_interrupted_by_ctrl_c_resumes_to_every_sample_distinct_and_run_once(ray_cluster, tmp_path):
+    """Ctrl-C after the first sample, then resume: the search ends with num_samples distinct complete samples (the
+    resumed sampler does not draw the finished sample's parameters again), the first one not run again."""
+    overrides = ["model.hidden=16", "task.n_train=128", "task.n_test=16", "train.steps=10", "train.log_every=5",
+                 "train.warmup=2", "train.checkpoint_every=5", "sweep.optuna.num_samples=4",
+                 "sweep.max_concurrent=1", "sweep.asha=null", "eval.depths=[12]"]
+    driver = subprocess.Popen([sys.executable, "-m", "study.cli", "run", "search_spaces/optuna_hpo.yaml",
+                               *overrides, "--address", ray_cluster["address"], "--store", str(tmp_path), "--no-plot"],
+                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while len(complete_ids(tmp_path, "optuna_hpo")) < 1:
+        assert driver.poll() is None, driver.communicate()[1][-3000:]
+        assert time.time() < deadline
+        time.sleep(0.2)
+    driver.send_signal(signal.SIGINT)
+    _, err = driver.communicate(timeout=300)
+    assert driver.returncode == 130, err[-3000:]
+    first = complete_ids(tmp_path, "optuna_hpo")
+    mtimes = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "trials").rglob("*.parquet") if p.stem in first}
+
+    proc = loopstudy("resume", "optuna_hpo", "--store", str(tmp_path), "--address", ray_cluster["address"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = pl.from_arrow(Store(tmp_path).read("trials", "optuna_hpo"))
+    assert rows.filter(pl.col("status") == "complete").height == 4, rows.select("trial_id", "status")
+    assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "trials").rglob("*.parquet")
+            if p.stem in first} == mtimes  # the first sample was not run again
+    journal = JournalStorage(JournalFileBackend(str(tmp_path / "_optuna" / "optuna_hpo.journal")))
+    done = [t for t in optuna.load_study(study_name="optuna_hpo", storage=journal).trials
+            if t.state.name == "COMPLETE"]
+    assert len({tuple(sorted(t.params.items())) for t in done}) == len(done) == 4
+    status = loopstudy("status", "optuna_hpo", "--store", str(tmp_path))
+    assert "4/4" in status.stdout + status.stderr, status.stdout + status.stderr
 
 
 def test_resume_with_a_damaged_tune_state_runs_the_saved_spec(ray_cluster, tmp_path):
@@ -423,6 +514,10 @@ def test_a_search_with_two_objectives_keeps_both_and_every_reader_shows_the_same
         assert summary["directions"] == ["maximize", "minimize"]
         detail = json.loads(urlopen(f"{url}/api/studies/{summary['study_id']}", timeout=10).read())
         assert all(len(t["values"]) == 2 for t in detail["trials"])
+    assert "A new study created" not in proc.stderr and "[I 20" not in proc.stderr  # Optuna's own log lines
+    report = loopstudy("report", "pareto_search", "--store", str(tmp_path), "--out", str(tmp_path / "r.html"))
+    assert report.returncode == 0 and "Traceback" not in report.stderr, report.stderr[-3000:]
+    assert "final_flops" in (tmp_path / "r.html").read_text()
     imp = loopstudy("importance", "pareto_search", "--store", str(tmp_path), "--format", "csv")
     assert imp.returncode == 0, imp.stderr
     ranked = pl.read_csv(imp.stdout.strip().encode())

@@ -52,6 +52,28 @@ def test_the_search_lives_in_a_journal_in_the_results_root_and_is_continued(tmp_
         "interrupted": True}
 
 
+def test_a_sample_left_running_whose_trial_completed_is_told_complete_with_its_stored_value(tmp_path):
+    """Ctrl-C can stop the driver after a sample's trial stored its complete rows, before Tune told the searcher:
+    the sample is COMPLETE with the stored value (not sampled again); one whose trial did not finish is
+    interrupted; two samples that ran as one trial count once."""
+    loc = storage_location(None, str(tmp_path), "hpo")
+    prepare(loc, "hpo", "v1", ["max"])
+    ot = optuna.load_study(study_name="hpo", storage=journal(loc))
+    finished_run, cut_short = ot.ask({"x": optuna.distributions.FloatDistribution(0, 1)}), ot.ask(
+        {"x": optuna.distributions.FloatDistribution(0, 1)})
+    stored = {finished_run.params["x"]: ("t-done", [0.75])}
+    again = prepare(loc, "hpo", "v1", ["max"], settled=lambda params: stored.get(params["x"]))
+    assert again.finished == 1 and again.sampled == 2
+    trials = {t.number: t for t in optuna.load_study(study_name="hpo", storage=journal(loc)).trials}
+    assert trials[finished_run.number].state.name == "COMPLETE" and trials[finished_run.number].value == 0.75
+    assert trials[finished_run.number].user_attrs == {"loopstudy_trial_id": "t-done"}
+    assert trials[cut_short.number].state.name == "FAIL" and trials[cut_short.number].user_attrs["interrupted"]
+    twin = ot.ask()
+    twin.set_user_attr("loopstudy_trial_id", "t-done")
+    ot.tell(twin, 0.75)
+    assert prepare(loc, "hpo", "v1", ["max"]).finished == 1  # the same trial twice: one sample
+
+
 def test_an_edited_spec_gets_its_own_optuna_study(tmp_path):
     loc = storage_location(None, str(tmp_path), "hpo")
     prepare(loc, "hpo", "v1", ["max"])

@@ -54,7 +54,12 @@ def values(ctx: Context, cmp: Comparison) -> pl.DataFrame:
     """One value per complete trial: setting, seed, value."""
     seeds = ctx.trials.select("trial_id", "seed").lazy()
     if cmp.retention:
-        lf = retention_per_trial(ctx).select("trial_id", "setting", pl.col("retained_10x").alias("value"))
+        per = retention_per_trial(ctx).collect()
+        if per["at_10x"].is_null().all():
+            raise AnalysisError(f"retention needs a reading at 10x each trial's training depth ({read_at_10x(ctx)});"
+                                f" no trial of study {ctx.study!r} was read there: add those depths to eval.depths "
+                                "(loopstudy evaluate reads stored weights again)")
+        lf = per.lazy().select("trial_id", "setting", pl.col("retained_10x").alias("value"))
     elif cmp.metric in METRICS:
         if cmp.depth is not None:
             raise AnalysisError(f"--depth reads a depth_eval column; {cmp.metric} is a trial metric (one per trial)")
@@ -67,6 +72,11 @@ def values(ctx: Context, cmp: Comparison) -> pl.DataFrame:
             raise AnalysisError(f"unknown metric {cmp.metric!r}: a depth_eval column (e.g. exact_acc, cell_acc, "
                                 f"eff_layers) or a trial metric ({', '.join(METRICS)})")
         lf = overall(ctx.table("depth_eval"))
+        if cmp.depth is not None:
+            read = sorted(lf.select(pl.col("depth_layers").unique()).collect().to_series().to_list())
+            if cmp.depth not in read:
+                raise AnalysisError(f"--depth {cmp.depth}: study {ctx.study!r} has no reading at {cmp.depth} "
+                                    f"layers; depths read: {', '.join(str(d) for d in read) or 'none'}")
         lf = lf.filter(pl.col("depth_layers") == cmp.depth) if cmp.depth is not None else deepest(lf)
         lf = lf.select("trial_id", "setting", pl.col(cmp.metric).cast(pl.Float64).alias("value"))
     df = lf.join(seeds, on="trial_id").drop("trial_id").collect()
@@ -74,6 +84,14 @@ def values(ctx: Context, cmp: Comparison) -> pl.DataFrame:
         raise AnalysisError(f"study {ctx.study!r} has no {cmp.what} to compare"
                             + (f" (no reading at {cmp.depth} layers)" if cmp.depth else ""))
     return df
+
+
+def read_at_10x(ctx: Context) -> str:
+    """The depths that retention reads, per training depth: '240 layers for a training depth of 24'."""
+    from study.analysis.tables import training_depth
+
+    depths = sorted(ctx.trials.select(training_depth()).to_series().unique().to_list())
+    return "; ".join(f"{10 * d:,} layers for a training depth of {d:,}" for d in depths)
 
 
 def paired(df: pl.DataFrame, setting: str, baseline: str) -> tuple[np.ndarray, list[int], np.ndarray]:

@@ -96,6 +96,13 @@ def sql(store: Store, query: str, study: str | None = None, skip_bad: bool = Fal
     """The query's answer over the store's tables (one study's rows with `study`), and nothing else."""
     import duckdb
 
+    try:
+        statements = len(duckdb.extract_statements(query))
+    except duckdb.Error as e:
+        raise AnalysisError(refusal(e, limits)) from None
+    if statements != 1:  # DuckDB would answer only the last one
+        raise AnalysisError(f"query: {statements} statements in one; give one per call (loopstudy query answers "
+                            "one statement)")
     tables = named_tables(query)
     con = sandbox(store, tables, study, skip_bad, limits)
     try:

@@ -22,7 +22,7 @@ import polars as pl
 import yaml
 
 from study.analysis.figures import plot
-from study.analysis.formatting import _cell, widen
+from study.analysis.formatting import _cell, informative_columns, settings_layout
 from study.analysis.tables import TABLES, build_table, config_columns, load_context
 from study.errors import AnalysisError
 from study.metrics import METRICS
@@ -49,8 +49,7 @@ FOLD_ROWS = 25  # a longer table is folded (<details>), its row count on the fol
 def html_table(df: pl.DataFrame, table_id: str) -> str:
     """A DataFrame as an HTML table; rows whose `source` is 'paper' are marked (class="paper"). A column empty on
     every row, or (with two rows or more) the same on every row, is left out; a long table is folded."""
-    cols = [c for c in df.columns if df[c].null_count() != df.height
-            and (df.height < 2 or c in ("setting", "trial_id") or df[c].cast(pl.String).n_unique() > 1)]
+    cols = informative_columns(df)
     head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
     body = []
     for row in df.select(cols).iter_rows(named=True):
@@ -63,11 +62,8 @@ def html_table(df: pl.DataFrame, table_id: str) -> str:
 def settings_table(df: pl.DataFrame, kind: str) -> str:
     """A table that compares settings, as the papers print one: a column per setting holding the headline's
     'mean ± 95% CI' over seeds (`table --wide`), with the long form (std, n, the papers' rows) folded below."""
-    try:
-        wide = widen(df.filter(pl.col("source") == "measured") if "source" in df.columns else df)
-    except (AnalysisError, pl.exceptions.PolarsError):
-        return html_table(df, f"table-{kind}")
-    if "setting" not in df.columns or df["setting"].n_unique() < 2:
+    wide = settings_layout(df)
+    if wide is None or df["setting"].n_unique() < 2:
         return html_table(df, f"table-{kind}")
     return (html_table(wide, f"wide-{kind}") + f"<details><summary>long form ({df.height} rows: std, n"
             f"{', the papers' if 'source' in df.columns and (df['source'] == 'paper').any() else ''})</summary>"

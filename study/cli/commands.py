@@ -59,12 +59,15 @@ def format_depth_rows(rows) -> str:
 
 # -- studies on Ray ----------------------------------------------------------------------------------------------------
 def print_main_table(store_root: str, study: str) -> None:
-    from study.analysis.formatting import format_table
+    """The closing table of a run: accuracy by depth, a column per setting (mean ± 95% CI), as the report shows it."""
+    from study.analysis.formatting import format_table, settings_layout
     from study.analysis.tables import build_table
     from study.errors import AnalysisError
 
     try:
-        print(format_table(build_table(_store(store_root), study, "depth")))
+        df = build_table(_store(store_root), study, "depth")
+        wide = settings_layout(df)
+        print(format_table(df if wide is None else wide))
     except AnalysisError as e:
         eprint(f"loopstudy: {e}")
 
@@ -78,6 +81,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if more:  # --tracking turns on what the spec's tracking section leaves off (and keeps its settings)
         study = load_study(args.spec, [*args.overrides, *more])
     root = storage_root(study, args.store)
+    if args.dry_run:
+        return dry_run(study, args, root)
     if "working_dir_files" in os.getcwd():
         # Inside a Ray Job: Ray may delete the job's unpacked working dir once the trials sharing it end, pulling
         # the cwd from under this driver. Load what we need now and work from a directory that stays.
@@ -101,6 +106,34 @@ def cmd_run(args: argparse.Namespace) -> int:
         except Exception as e:  # a figure problem must not hide the study's results
             eprint(f"loopstudy: figures not written: {e}")
     return 1 if out["errors"] else 0
+
+
+def dry_run(study, args: argparse.Namespace, root: str) -> int:
+    """`run --dry-run`: the trials it would run and skip (stdout), what each holds, what the cluster offers and
+    every check a run would fail (stderr); nothing started or stored."""
+    import polars as pl
+
+    from study.analysis.formatting import format_table
+    from study.run.driver import dry_run_study
+
+    plan = dry_run_study(study, address=args.address, storage=root, shared_storage=args.shared_storage,
+                         num_cpus=args.num_cpus, verbose=args.verbose)
+    table = pl.DataFrame(plan["trials"])
+    shown = [c for c in table.columns if (c, table[c][0]) not in (("gpu", "0"), ("workers", 1))]
+    print(format_table(table.select(shown)))
+    res = study.spec.resources
+    runs = sum(1 for t in plan["trials"] if not t["action"].startswith("skip"))
+    if study.is_optuna:
+        space = ", ".join(f"{k}: {p.type}" for k, p in study.spec.sweep.optuna.space.items())
+        eprint(f"[{study.name}] Optuna search ({study.spec.sweep.optuna.sampler}) over {space}")
+    eprint(f"[{study.name}] would run {runs} of {table.height} trial(s) on Ray ({plan['where']}), each holding "
+           f"{res.cpu:g} CPU, {res.gpu:g} GPU" + (f" on each of {res.workers} workers" if res.workers > 1 else "")
+           + f"; the cluster offers {'; '.join(plan['offers'])}; results -> {plan['root']}")
+    for reason in plan["refused"]:
+        eprint(f"[{study.name}] preflight: a run here would be refused: {reason}")
+    eprint(f"[{study.name}] dry run: nothing was started or stored" + ("" if plan["refused"] else
+                                                                        "; every check passed"))
+    return 0
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
@@ -204,6 +237,18 @@ KIND_OPTIONS = {"compare": ("baseline", "metric", "depth", "retention", "half_wi
                 "pareto": ("metric", "budget", "every_point")}
 
 
+def show_table(df, args: argparse.Namespace) -> None:
+    """A command's table: printed in --format, or with --out FILE.parquet written whole to that file."""
+    from study.analysis.formatting import format_table, write_table
+
+    if args.out is not None:
+        write_table(df, args.out)
+        eprint(f"{df.height:,} row(s) x {df.width} column(s) written to {args.out}")
+        return
+    text = format_table(df, args.format)
+    print(text, end="" if text.endswith("\n") else "\n")  # a CSV ends its last row itself: no blank row after it
+
+
 def check_kind_options(args: argparse.Namespace) -> None:
     """An option of another table's kind is refused, naming the tables it is for."""
     own = KIND_OPTIONS.get(args.kind, ())
@@ -214,7 +259,7 @@ def check_kind_options(args: argparse.Namespace) -> None:
 
 
 def cmd_table(args: argparse.Namespace) -> int:
-    from study.analysis.formatting import format_table, widen
+    from study.analysis.formatting import widen
     from study.analysis.tables import build_table
 
     check_kind_options(args)
@@ -226,25 +271,23 @@ def cmd_table(args: argparse.Namespace) -> int:
                      include_stale=args.all)
     if args.wide is not None:
         df = widen(df, args.wide or None)
-    print(format_table(df, args.format))
+    show_table(df, args)
     return 0
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from study.analysis.compare import Comparison, compare
-    from study.analysis.formatting import format_table
     from study.analysis.tables import load_context
 
     if not args.baseline:
         raise ConfigError("table compare needs --baseline SETTING (a setting as the study's tables name it)")
     ctx = load_context(_store(args.store), args.study, args.skip_bad, args.all)
     cmp = Comparison(args.baseline, args.metric or ctx.headline[0], args.depth, args.retention, args.half_width)
-    print(format_table(compare(ctx, cmp), args.format))
+    show_table(compare(ctx, cmp), args)
     return 0
 
 
 def cmd_pareto(args: argparse.Namespace) -> int:
-    from study.analysis.formatting import format_table
     from study.analysis.pareto import Frontier, pareto
     from study.analysis.tables import load_context
 
@@ -252,7 +295,7 @@ def cmd_pareto(args: argparse.Namespace) -> int:
     df = pareto(ctx, Frontier(args.metric, args.budget, args.every_point))
     if args.budget is not None:
         eprint(f"{args.study}: the most accurate reading within {args.budget:.4g} FLOPs per sample")
-    print(format_table(df, args.format))
+    show_table(df, args)
     return 0
 
 
@@ -268,10 +311,9 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_query(args: argparse.Namespace) -> int:
-    from study.analysis.formatting import format_table
     from study.analysis.query import sql
 
-    print(format_table(sql(_store(args.store), args.sql, args.study, args.skip_bad), args.format))
+    show_table(sql(_store(args.store), args.sql, args.study, args.skip_bad), args)
     return 0
 
 
@@ -293,7 +335,6 @@ def cmd_compact(args: argparse.Namespace) -> int:
 def cmd_importance(args: argparse.Namespace) -> int:
     import polars as pl
 
-    from study.analysis.formatting import format_table
     from study.analysis.importance import importance
     from study.spec.membership import membership
 
@@ -309,7 +350,7 @@ def cmd_importance(args: argparse.Namespace) -> int:
         df = importance(store, args.study, metric, args.evaluator, skip_bad=args.skip_bad, include_stale=args.all)
         frames.append(df.select(pl.lit(metric).alias("metric"), pl.all()) if len(metrics) > 1 else df)
     eprint(f"{args.study}: importance of each swept knob for {', '.join(metrics)} ({args.evaluator}, Optuna)")
-    print(format_table(pl.concat(frames), args.format))
+    show_table(pl.concat(frames), args)
     return 0
 
 

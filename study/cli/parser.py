@@ -38,6 +38,19 @@ def count(least: int):
     return parse
 
 
+def positive(what: str):
+    """argparse type for a finite number > 0 (NaN and infinities are refused, as every number read here)."""
+    def parse(value: str) -> float:
+        try:
+            x = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+        if not 0 < x < float("inf"):
+            raise argparse.ArgumentTypeError(f"{value} is not allowed; give {what} > 0 (a finite number)")
+        return x
+    return parse
+
+
 def seconds(value: str) -> float:
     """argparse type for a finite, non-negative number of seconds."""
     try:
@@ -70,8 +83,11 @@ def add_verbose(sp: argparse.ArgumentParser) -> None:
 
 
 def add_format(sp: argparse.ArgumentParser) -> None:
-    sp.add_argument("--format", default="terminal", choices=FORMATS, help="how the table is printed "
+    sp.add_argument("--format", default="terminal", choices=FORMATS, help="how the table is printed: terminal, "
+                    "markdown and latex round for reading; csv and json carry every value as stored "
                     "(default: %(default)s)")
+    sp.add_argument("--out", type=Path, default=None, metavar="FILE.parquet",
+                    help="write the table whole to a Parquet file instead of printing it")
 
 
 def add_spec(sp: argparse.ArgumentParser) -> None:
@@ -111,6 +127,9 @@ def add_run(sub) -> None:
     r.add_argument("--num-cpus", type=count(1), default=None, help="CPUs for the embedded Ray (default: all)")
     r.add_argument("--figures", default=None, metavar="DIR", help="where figures go (default: <store>/figures)")
     r.add_argument("--no-plot", action="store_true", help="skip the figures")
+    r.add_argument("--dry-run", action="store_true",
+                   help="validate, expand the sweep and check the cluster it would use; print the trials it would "
+                        "run and skip, what each holds and what the cluster offers; start and store nothing")
     add_verbose(r)
     r.add_argument("--compact-at", type=count(0), default=COMPACT_AT, metavar="N",
                    help="after the run, compact the study when it has N or more per-trial files per table, so "
@@ -308,7 +327,8 @@ def add_pareto(tb: argparse.ArgumentParser) -> None:
     """`table pareto`'s options (its --metric is table compare's: the accuracy column to read)."""
     g = tb.add_argument_group("table pareto", "accuracy against test-time FLOPs per sample over every reading "
                               "(setting x depth, mean and 95%% CI over seeds): the readings no other beats on both")
-    g.add_argument("--budget", type=float, metavar="FLOPS", help="the most accurate reading that costs at most FLOPS "
+    g.add_argument("--budget", type=positive("a FLOPs budget"), metavar="FLOPS",
+                   help="the most accurate reading that costs at most FLOPS "
                    "per sample (e.g. 2e8)")
     g.add_argument("--every-point", action="store_true", help="every reading, with a `front` column, not the front "
                    "only")
@@ -323,9 +343,10 @@ def add_compare(tb: argparse.ArgumentParser) -> None:
     g.add_argument("--metric", metavar="M", help="a depth_eval column (exact_acc, cell_acc, eff_layers, ...) or, "
                    "for compare, a trial metric (final_exact_acc, ...); default: the study's headline accuracy")
     which = g.add_mutually_exclusive_group()
-    which.add_argument("--depth", type=int, metavar="LAYERS", help="read M at this depth (default: each trial's "
+    which.add_argument("--depth", type=count(1), metavar="LAYERS", help="read M at this depth (default: each trial's "
                        "deepest reading)")
     which.add_argument("--retention", action="store_true", help="compare retention (accuracy at 10x the training "
                        "depth over the peak), with a bootstrap CI as well")
-    g.add_argument("--half-width", type=float, metavar="W", help="power: the seeds a CI of half-width W needs, from "
+    g.add_argument("--half-width", type=positive("a half-width"), metavar="W",
+                   help="power: the seeds a CI of half-width W needs, from "
                    "these pairs' spread (seeds_for_half_width)")

@@ -83,6 +83,10 @@ READ_WHEN: dict[str, Callable[[TrialConfig], str | None]] = {
     "train.puzzle_weight_decay": PUZZLES,
 }
 
+# keys whose reading the task alone decides: set in a spec whose trials never read them, they are a mistake (the
+# other keys of READ_WHEN may be set in a base that only some sweep points read)
+TASK_BOUND = frozenset(k for k, rule in READ_WHEN.items() if rule is PUZZLES)
+
 ALWAYS_READ = frozenset({
     "model.kind", "model.hidden", "model.heads", "model.n_layers", "model.expansion", "model.norm", "model.conv",
     "model.residual_scaling", "model.H", "model.grad_steps", "model.recall", "model.pos", "model.halting.enabled",

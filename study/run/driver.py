@@ -11,6 +11,7 @@ the last checkpoint when its node died (FailureConfig). `resume` restores a dead
 
 from __future__ import annotations
 
+import copy
 import shlex
 import time
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from typing import Any
 
 from study.config import trial_id
 from study.console import eprint
+from study.errors import ConfigError
 from study.paths import resolve_root
 from study.run.optuna_storage import OptunaStudy, prepare
 from study.run.plan import pending_work, plan_readings, plan_work, reads_line
@@ -31,6 +33,7 @@ from study.store import Store
 from study.store.layout import spec_file, tune_dir
 from study.trial.work import WorkItem
 
+SAMPLING_ROUNDS = 3  # an Optuna search stops after this many rounds in a row that found no new distinct trial
 COMPACT_AT = 500  # per-trial files per table at which a finished run compacts its study (loopstudy run --compact-at)
 
 
@@ -82,9 +85,34 @@ def save_spec(store: Store, study: Study) -> None:
     store.put_text(spec_file(study.name), yaml.safe_dump(study.data, sort_keys=False))
 
 
-def optuna_study(study: Study, root: str) -> OptunaStudy:
-    """The search's Optuna study (created if new) and how many samples it has finished (study.run.optuna_storage)."""
-    return prepare(study.optuna_storage(root), study.name, study.spec_hash, study.spec.sweep.optuna.modes)
+def optuna_study(study: Study, root: str, verbose: bool = False) -> OptunaStudy:
+    """The search's Optuna study (created if new) and how many samples it has finished (study.run.optuna_storage).
+    Optuna's own log lines (a study created, each trial finished) stay out of loopstudy's output unless verbose."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.INFO if verbose else optuna.logging.WARNING)
+    return prepare(study.optuna_storage(root), study.name, study.spec_hash, study.spec.sweep.optuna.modes,
+                   settled=lambda params: settled_sample(study, Store(root), params))
+
+
+def settled_sample(study: Study, store: Store, params: dict[str, Any]) -> tuple[str, list[float]] | None:
+    """(trial id, objective values) of an Optuna sample whose trial is complete in the store, else None: a sample
+    left RUNNING by a driver that stopped after its trial finished, before Tune told the searcher."""
+    from study.config import build_trial, set_dotted
+    from study.run.trainable import stored_metrics
+
+    data = copy.deepcopy({**study.spec.base(), "seed": study.spec.sweep.seeds[0]})  # (set_dotted writes in place)
+    for key, value in params.items():  # Tune hands OptunaSearch the picks under the config key "searched"
+        set_dotted(data, key.removeprefix("searched/"), value)
+    try:
+        tid = trial_id(build_trial(data, study.source))
+    except ConfigError:
+        return None
+    if not store.is_complete(study.name, tid):
+        return None
+    metrics = stored_metrics(store, study.name, tid)
+    values = [metrics.get(m) for m in study.spec.sweep.optuna.metrics]
+    return (tid, [float(v) for v in values]) if None not in values else None
 
 
 # -- run ---------------------------------------------------------------------------------------------------------------
@@ -104,7 +132,7 @@ def run_study(study: Study, *, address: str | None = None, storage: str | None =
 def _run_study(study: Study, store: Store, root: str, conn: Connection, compact_at: int) -> dict[str, Any]:
     done = store.completed_trials(study.name)
     skipped = len(study.trials) - sum(1 for c in study.trials if trial_id(c) not in done)
-    search = optuna_study(study, root) if study.is_optuna else None
+    search = optuna_study(study, root, conn.verbose) if study.is_optuna else None
     if skipped:
         eprint(f"[{study.name}] {skipped} trial(s) already complete in {root}: not run again")
     if search is not None and search.finished:
@@ -126,20 +154,34 @@ def _run_study(study: Study, store: Store, root: str, conn: Connection, compact_
         eprint(f"[{study.name}] Optuna study {search.name!r} in {search.location} (optuna-dashboard "
                f"{search.location})")
     t0 = time.perf_counter()
-    tuner, progress = build_tuner(study, root, work, threads(study), search)
-    grid = fit(tuner, root)
-    errors = finish(store, study.name, grid, time.perf_counter() - t0, "")
-    took = f"{time.perf_counter() - t0:.0f}s"
-    if progress.finished < left:  # Tune returns normally after Ctrl-C: do not call that finished
-        eprint(f"[{study.name}] interrupted after {took}: {progress.done} trial(s) complete this run, "
-               f"{progress.failed} failed, {left - progress.finished} not finished. Complete trials stay in {root}; "
-               f"continue with: loopstudy resume {study.name} --store {shlex.quote(root)}")
-        return {"ran": len(grid), "skipped": skipped, "errors": errors, "interrupted": True}
-    stopped = f", {progress.stopped} stopped early (ASHA)" if progress.stopped else ""
-    eprint(f"[{study.name}] finished in {took}: {len(grid) - errors - progress.stopped} complete{stopped}, "
-           f"{errors} failed")
+    ran = errors = stopped = fruitless = 0
+    while True:
+        tuner, progress = build_tuner(study, root, work, threads(study), search)
+        grid = fit(tuner, root)
+        ran, errors = ran + len(grid), errors + finish(store, study.name, grid, time.perf_counter() - t0, "")
+        stopped += progress.stopped
+        took = f"{time.perf_counter() - t0:.0f}s"
+        if progress.finished < left:  # Tune returns normally after Ctrl-C: do not call that finished
+            eprint(f"[{study.name}] interrupted after {took}: {progress.done} trial(s) complete this run, "
+                   f"{progress.failed} failed, {left - progress.finished} not finished. Complete trials stay in "
+                   f"{root}; continue with: loopstudy resume {study.name} --store {shlex.quote(root)}")
+            return {"ran": ran, "skipped": skipped, "errors": errors, "interrupted": True}
+        if search is None:
+            break
+        before, search = search.finished, optuna_study(study, root, conn.verbose)
+        left = study.spec.sweep.optuna.num_samples - search.finished
+        fruitless = fruitless + 1 if search.finished == before else 0
+        if left <= 0 or fruitless >= SAMPLING_ROUNDS:
+            break
+        # a sample that resolved to a trial already finished was not run: it does not count as a sample
+        eprint(f"[{study.name}] {search.finished} distinct sample(s) finished: sampling {left} more")
+    if left > 0 and search is not None:
+        eprint(f"[{study.name}] the search space gave {search.finished} distinct trial(s) of the "
+               f"{study.spec.sweep.optuna.num_samples} asked for: its samples keep resolving to trials already run")
+    ended_early = f", {stopped} stopped early (ASHA)" if stopped else ""
+    eprint(f"[{study.name}] finished in {took}: {ran - errors - stopped} complete{ended_early}, {errors} failed")
     maybe_compact(store, study.name, compact_at)
-    return {"ran": len(grid), "skipped": skipped, "errors": errors}
+    return {"ran": ran, "skipped": skipped, "errors": errors}
 
 
 def threads(study: Study) -> int:
@@ -174,6 +216,50 @@ def maybe_compact(store: Store, name: str, compact_at: int) -> None:
         out = store.compact(name)
         eprint(f"[{name}] compacted {out['trials']:,} complete trials into one file per table "
                f"({n:,} per-trial files per table; {time.perf_counter() - t0:.1f}s; --compact-at 0 turns this off)")
+
+
+# -- dry run -----------------------------------------------------------------------------------------------------------
+def dry_run_study(study: Study, *, address: str | None = None, storage: str | None = None,
+                  shared_storage: bool = False, num_cpus: int | None = None, verbose: bool = False) -> dict[str, Any]:
+    """`loopstudy run --dry-run`: what a run would do, starting nothing and storing nothing. The spec is validated
+    and expanded (as for a run); Ray is started or joined to run the cluster checks, each of which is reported
+    rather than fatal (a spec that asks for GPUs is checked on a laptop). Returns {"trials": one dict per trial or
+    sample (what it is, whether it runs, what it holds), "offers": what each node has, "refused": the checks' lines,
+    "root": the results root}."""
+    from study.run.optuna_storage import peek
+    from study.run.preflight import check_resources, check_storage, data_files
+
+    conn = Connection(address, num_cpus, shared_storage, verbose)
+    root = storage_root(study, storage)
+    store = Store(root)
+    res = study.spec.resources
+    holds = {"cpu": f"{res.cpu:g}", "gpu": f"{res.gpu:g}", "workers": res.workers}
+    if study.is_optuna:
+        optuna = study.spec.sweep.optuna
+        finished = peek(study.optuna_storage(root), study.name, study.spec_hash)
+        trials = [{"trial": f"Optuna sample {i + 1}", "action": "skip (finished)" if i < finished else "run", **holds}
+                  for i in range(optuna.num_samples)]
+    else:
+        done = store.completed_trials(study.name)
+        reads = {r.tid: w.weights_of or trial_id(w.train) for w in plan_work(study, store, done) for r in w.readings}
+        trials = [{"trial": c.label or "trial", "seed": c.seed, "trial_id": trial_id(c),
+                   "action": "skip (complete)" if trial_id(c) in done else
+                   f"read the weights of {reads[trial_id(c)]}" if trial_id(c) in reads else "run", **holds}
+                  for c in study.trials]
+    init_ray(conn.address, conn.num_cpus, conn.verbose)
+    import ray
+
+    nodes = cluster_nodes()
+    refused = []
+    for check in (lambda: check_resources(study, ray.cluster_resources(), nodes),
+                  lambda: check_storage(store.uri, nodes, conn.shared_storage, data_files(study))):
+        try:
+            check()
+        except ConfigError as e:
+            refused.append(str(e))
+    offers = [f"{n.get('NodeManagerAddress', '?')}: " + ", ".join(f"{n['Resources'].get(k, 0):g} {k}"
+                                                                  for k in ("CPU", "GPU")) for n in nodes]
+    return {"trials": trials, "offers": offers, "refused": refused, "root": root, "where": conn.where}
 
 
 # -- resume ------------------------------------------------------------------------------------------------------------

@@ -10,14 +10,17 @@ samples already finished count towards num_samples.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from study.errors import ConfigError
 from study.paths import is_uri, redacted
 from study.spec.optuna_location import rdb_scheme
 
 FINISHED = ("COMPLETE", "PRUNED", "FAIL")
+TRIAL_ID_ATTR = "loopstudy_trial_id"  # the trial a sample ran as (its rows' trial_id), set when it ends
 INTERRUPTED = "interrupted"  # a sample its driver's death cut short: FAIL, not counted towards num_samples
 DRIVERS = {"postgresql": "psycopg2-binary", "mysql": "PyMySQL (and a mysql+pymysql:// URL)", "oracle": "oracledb",
            "mssql": "pyodbc"}  # what `pip install` gives an RDB URL's default driver
@@ -61,17 +64,32 @@ def direction(mode: str) -> str:
 
 @dataclass(frozen=True)
 class OptunaStudy:
-    """Where a search's Optuna study is, its name for this spec version, and how many samples it has finished."""
+    """Where a search's Optuna study is, its name for this spec version, how many distinct samples it has finished
+    (two samples that resolve to one trial count once: the second was not run) and how many it has asked for in
+    all (the resumed sampler's seed moves on by this, so it does not replay the samples already drawn)."""
 
     location: str
     name: str
     finished: int
+    sampled: int = 0
 
 
-def prepare(location: str, study: str, spec_hash: str, modes: list[str]) -> OptunaStudy:
+def search_name(existing: dict, study: str, spec_hash: str) -> str:
+    """The Optuna study of this spec version, given the storage's {name: summary}: the study's name, or when that
+    one runs another spec version, `<name>.<spec_hash>` (its own search, as its trials are its own members)."""
+    if study in existing and existing[study].user_attrs.get("spec_hash") not in (None, spec_hash):
+        return f"{study}.{spec_hash}"
+    return study
+
+
+def prepare(location: str, study: str, spec_hash: str, modes: list[str],
+            settled: Callable[[dict[str, Any]], tuple[str, list[float]] | None] | None = None) -> OptunaStudy:
     """Create (or find) the Optuna study of this spec version, for a driver about to run the search (holding the
-    study's lease). Trials left RUNNING by a driver that died are marked FAIL with user attribute `interrupted`:
-    one driver runs a study at a time, so none of them is running; they do not count as finished samples."""
+    study's lease). One driver runs a study at a time, so no trial left RUNNING by an earlier driver (killed, or
+    stopped by Ctrl-C before Tune told the searcher) is running: `settled(params)` says whether its sample ran to
+    completion anyway ((the loopstudy trial id, its objective values) from the results store): it is then told
+    COMPLETE with those values; otherwise it is marked FAIL with user attribute `interrupted`, and does not count
+    as a finished sample."""
     import optuna
     from optuna.trial import TrialState
 
@@ -80,9 +98,7 @@ def prepare(location: str, study: str, spec_hash: str, modes: list[str]) -> Optu
         existing = {s.study_name: s for s in optuna.get_all_study_summaries(storage, include_best_trial=False)}
     except Exception as e:  # whatever the storage's client raises, said in one line before anything starts
         raise unopenable(location, e) from None
-    name = study
-    if name in existing and existing[name].user_attrs.get("spec_hash") not in (None, spec_hash):
-        name = f"{study}.{spec_hash}"  # the spec changed: its own search, as its trials are its own members
+    name = search_name(existing, study, spec_hash)
     ot = optuna.create_study(storage=storage, study_name=name, load_if_exists=True,
                              directions=[direction(m) for m in modes])
     ot.set_user_attr("spec_hash", spec_hash)
@@ -90,8 +106,38 @@ def prepare(location: str, study: str, spec_hash: str, modes: list[str]) -> Optu
     study_id = storage.get_study_id_from_name(name)
     for t in ot.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         tid = storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
+        done = settled(t.params) if settled is not None else None
+        if done is not None:
+            storage.set_trial_user_attr(tid, TRIAL_ID_ATTR, done[0])
+            storage.set_trial_state_values(tid, TrialState.COMPLETE, done[1])
+            continue
         storage.set_trial_user_attr(tid, INTERRUPTED, True)
         storage.set_trial_state_values(tid, TrialState.FAIL)
-    finished = sum(1 for t in ot.get_trials(deepcopy=False)
-                   if t.state.name in FINISHED and not t.user_attrs.get(INTERRUPTED))
-    return OptunaStudy(location, name, finished)
+    trials = ot.get_trials(deepcopy=False)
+    return OptunaStudy(location, name, len(finished_samples(trials)), len(trials))
+
+
+def finished_samples(trials) -> set[str]:
+    """The distinct samples among Optuna trials: finished, not cut short by a driver's death, one per loopstudy
+    trial they ran as (two samples that resolved to one trial count once)."""
+    return {t.user_attrs.get(TRIAL_ID_ATTR, f"#{t.number}") for t in trials
+            if t.state.name in FINISHED and not t.user_attrs.get(INTERRUPTED)}
+
+
+def peek(location: str, study: str, spec_hash: str) -> int:
+    """The distinct samples a search has finished, read without creating or changing anything (a dry run): 0 when
+    its Optuna study does not exist yet. As prepare counts them; samples left RUNNING count as not finished."""
+    import optuna
+
+    if not is_uri(location) and not Path(location).exists():
+        return 0
+    try:
+        storage = open_storage(location)
+        summaries = {s.study_name: s for s in optuna.get_all_study_summaries(storage, include_best_trial=False)}
+    except Exception as e:
+        raise unopenable(location, e) from None
+    name = search_name(summaries, study, spec_hash)
+    if name not in summaries:
+        return 0
+    trials = optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
+    return len(finished_samples(trials))

@@ -55,6 +55,10 @@ class Progress(Callback):
         """Trials that ended, well or not; fewer than `total` after fit() means the run was interrupted."""
         return self.done + self.failed
 
+    def name(self, trial) -> str:
+        """The trial in words (its setting and seed, or its Optuna picks), as its start line named it."""
+        return self.names.get(trial.trial_id) or describe(trial.config)
+
     def _ended(self, trial) -> None:
         self.doing.pop(trial.trial_id, None)
         self.active.discard(trial.trial_id)
@@ -77,23 +81,23 @@ class Progress(Callback):
         self.done += 1
         if not (trial.last_result or {}).get("final"):  # the scheduler ended it (ASHA): it keeps its rows
             self.stopped += 1
-            self._line(f"stopped {(trial.last_result or {}).get('trial', trial.trial_id)}")
+            self._line(f"stopped {self.name(trial)}")
             return
         value = (trial.last_result or {}).get("objective")
         if value is not None and (self.best is None or (value > self.best) == (self.mode == "max")):
             self.best = value
-        self._line(f"finished {(trial.last_result or {}).get('trial', trial.trial_id)}")
+        self._line(f"finished {self.name(trial)}")
 
     def on_trial_recover(self, iteration, trials, trial, **info):
         # the trial's worker or node died and Tune runs it again from its last checkpoint (FailureConfig)
         self._ended(trial)
         self.retried += 1
-        self._line(f"retrying {trial.trial_id}")
+        self._line(f"retrying {self.name(trial)}")
 
     def on_trial_error(self, iteration, trials, trial, **info):
         self._ended(trial)
         self.failed += 1
-        self._line(f"failed {trial.trial_id}")
+        self._line(f"failed {self.name(trial)}")
         eprint(f"[{self.study_name}]   {failure(trial)}")
 
 

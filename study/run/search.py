@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ray.tune.search.optuna import OptunaSearch
 
-from study.run.optuna_storage import OptunaStudy, open_storage
+from study.run.optuna_storage import TRIAL_ID_ATTR, OptunaStudy, open_storage
 from study.spec.schema import Limit, OptunaSpec
 
 
@@ -49,7 +49,7 @@ class StoppedIsPruned(OptunaSearch):
             return
         ot_trial = self._ot_trials.get(trial_id)
         if result is not None and result.get("trial") and ot_trial is not None:  # the row it left in the store
-            ot_trial.set_user_attr("loopstudy_trial_id", result["trial"])
+            ot_trial.set_user_attr(TRIAL_ID_ATTR, result["trial"])
         if result is not None and not error and not result.get("final"):
             result = None  # OptunaSearch tells a trial without a value as PRUNED
         if result is not None and ot_trial is not None:
@@ -69,7 +69,10 @@ def sampler(name: str, seed: int):
 
 def searcher(ot: OptunaStudy, seed: int, spec: OptunaSpec) -> StoppedIsPruned:
     """Tune's searcher over the search's Optuna study (Tune pickles it, storage and all, for resume). One objective:
-    Tune's `objective` (its TuneConfig sets it); several: the searcher holds the metrics and their modes."""
+    Tune's `objective` (its TuneConfig sets it); several: the searcher holds the metrics and their modes. The
+    sampler's seed is the spec's plus the samples the study holds already: a search continued after an interruption
+    draws on from there, where the spec's seed alone would draw its first samples again."""
     objectives = {"metric": spec.metrics, "mode": spec.modes} if spec.multi else {}
-    return StoppedIsPruned(storage=open_storage(ot.location), study_name=ot.name, sampler=sampler(spec.sampler, seed),
+    return StoppedIsPruned(storage=open_storage(ot.location), study_name=ot.name,
+                           sampler=sampler(spec.sampler, seed + ot.sampled),
                            constraints=spec.constraints, **objectives)

@@ -24,10 +24,10 @@ from typing import Any
 
 from study.config import TrialConfig, build_trial, set_dotted, trial_id
 from study.metrics import METRICS, depth_report, summary_metrics
+from study.run.restore import CKPT_FILE, RestoreFromExistingCheckpoint
 from study.store import Store
 from study.trial.work import WorkItem, work_from_json
 
-CKPT_FILE = "trainer.pt"
 EVAL_REPORT_S = 15.0  # a trial reports evaluation progress at most this often
 
 
@@ -126,6 +126,9 @@ def trainable(config: dict[str, Any]) -> None:
     (study.run.plan). config: trial (and searched), store, study, metric, threads, spec_hash (and workers, each
     one's cpu and gpu, and max_failures, read by study.run.workers)."""
     run_work(config)
+
+
+trainable.__mixins__ = (RestoreFromExistingCheckpoint,)  # Tune's restore, from a checkpoint that exists
 
 
 def run_work(config: dict[str, Any], *, api=None, parallel=None) -> None:

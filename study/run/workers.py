@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from study.config import trial_id
+from study.run.restore import RestoreFromExistingCheckpoint
 from study.run.trainable import run_work, trial_work
 from study.store.layout import train_runs_dir
 
@@ -44,6 +45,9 @@ def fit_on_workers(config: dict[str, Any]) -> None:
             failure_config=ray.train.FailureConfig(max_failures=config.get("max_failures", 0)),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2)))
     trainer.fit()
+
+
+fit_on_workers.__mixins__ = (RestoreFromExistingCheckpoint,)  # Tune's restore, from a checkpoint that exists
 
 
 def worker_loop(config: dict[str, Any]) -> None:

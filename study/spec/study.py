@@ -39,7 +39,7 @@ from study.config import (
     trial_id,
     yamltext,
 )
-from study.config.usage import unread, unread_fields
+from study.config.usage import TASK_BOUND, unread, unread_fields
 from study.errors import ConfigError
 from study.metrics import DEFAULT_METRIC, METRICS
 from study.paths import is_uri
@@ -211,11 +211,11 @@ def study_from_data(data: dict[str, Any], source: str) -> Study:
             samples += [{**samples[0], k: v} for v in (p.values or [])]
         checked = [build_trial(_with(base, {**sample, "seed": sweep.seeds[0]}, source),
                                f"{source} (optuna space point {sample})") for sample in samples]
-        check_data(checked, source)
-        for metric in sweep.optuna.metrics:
-            check_metric_applies(metric, checked, source)
-        for metric in sweep.optuna.constraints:
-            check_metric_applies(metric, checked, source, "sweep.optuna.constraints")
+        check_configs(data, checked, source)
+        for key, metrics in (("sweep.optuna.metric", sweep.optuna.metrics),
+                             ("sweep.optuna.constraints", sweep.optuna.constraints)):
+            for metric in metrics:
+                check_metric_applies(metric, checked, source, key)
         return study
     seen = set()
     points = grid_points(sweep)
@@ -231,8 +231,28 @@ def study_from_data(data: dict[str, Any], source: str) -> Study:
             seen.add(tid)
             study.trials.append(cfg)
     check_sweep_reads(points, configs, source)
-    check_data(study.trials, source)
+    check_configs(data, configs, source)
     return study
+
+
+def check_configs(data: dict[str, Any], configs: list[TrialConfig], source: str) -> None:
+    """What the resolved trials of a spec (or an Optuna search's corners) must hold before any runs: keys set that
+    none reads, the task data files they name."""
+    check_base_reads(data, configs, source)
+    check_data(configs, source)
+
+
+def check_base_reads(data: dict[str, Any], configs: list[TrialConfig], source: str) -> None:
+    """Refuse a key the spec sets that only the task decides whether to read (study.config.usage.TASK_BOUND) when
+    no trial reads it: e.g. train.puzzle_lr on a task without a puzzle embedding."""
+    for key in sorted(TASK_BOUND):
+        section, _, field_ = key.partition(".")
+        if field_ not in (data.get(section) or {}):
+            continue
+        why = [unread(cfg, key) for cfg in configs]
+        if why and all(why):
+            raise ConfigError(f"{source}: {key} is set but never read: {why[0]}, so it cannot change any trial. "
+                              "Remove it")
 
 
 def check_metric_applies(metric: str, configs: list[TrialConfig], source: str, key: str = "sweep.optuna.metric",
