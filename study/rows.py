@@ -127,6 +127,7 @@ class TrialRecord:
     weights_bytes: int | None = None  # size of the stored final weights
     checkpoints: str | None = None  # weights kept along training: JSON {step: sha256}
     workers: int | None = None  # data-parallel workers that trained it (resources.workers; a reading: 1)
+    init_sha256: str | None = None  # sha256 of the weights model.init_from started it from
 
 
 # table name -> the row dataclass of its measured rows (the trials table is TrialRecord + metrics + config)

@@ -16,9 +16,10 @@ import pytest
 import yaml
 
 from study.analysis import query
-from study.config import MAX_DEPTH_LAYERS, load_trial, trial_id
+from study.config import MAX_DEPTH_LAYERS, trial_id
 from study.errors import AnalysisError, ConfigError, DataError, StoreError
 from study.spec import load_study
+from study.spec.study import load_trial_file as load_trial
 from study.store import SCHEMAS, Store
 from study.tasks import sudoku
 from study.tasks.loader import load_task

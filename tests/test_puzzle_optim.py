@@ -90,7 +90,7 @@ def test_the_puzzle_keys_keep_stored_trial_ids_and_are_refused_where_no_table_ex
     spec = tmp_path / "s.yaml"
     spec.write_text((REPO / "search_spaces" / "smoke.yaml").read_text().replace(
         "  seeds: [0]", "  grid: {train.puzzle_lr: [0.01, 0.02]}\n  seeds: [0]"))
-    with pytest.raises(ConfigError, match="the task has no puzzle embedding"):
+    with pytest.raises(ConfigError, match="the model has no puzzle embedding"):
         load_study(spec)
 
 

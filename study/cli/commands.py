@@ -19,11 +19,12 @@ from study.store.layout import figures_dir, weights_file
 
 # -- trial -------------------------------------------------------------------------------------------------------------
 def cmd_trial(args: argparse.Namespace) -> int:
-    from study.config import load_trial, trial_id
+    from study.config import trial_id
+    from study.spec.study import load_trial_file
     from study.store import Store
     from study.trial.execute import TrialContext, TrialHooks, run_trial
 
-    cfg = load_trial(args.config, args.overrides)
+    cfg = load_trial_file(args.config, args.overrides)
     store = None if args.no_store else Store(args.store)  # a bad root fails now, not after training
     tid = trial_id(cfg)
     eprint(f"trial {tid}: task {cfg.task.name} {cfg.task.size}, model {cfg.model.kind} "

@@ -2,7 +2,7 @@
 (`identity`), reading YAML and overrides (`loading`).
 
 Every config is a pydantic dataclass that forbids unknown keys; impossible values raise ValueError naming the
-dotted key, the value and what is allowed; `build_trial` / `load_trial` turn them into one ConfigError line per
+dotted key, the value and what is allowed; `build_trial` turns them into one ConfigError line per
 problem.
 """
 
@@ -26,7 +26,6 @@ from study.config.loading import (
     build_trial,
     check_data,
     describe_error,
-    load_trial,
     load_yaml,
     merge,
     parse_overrides,
@@ -52,6 +51,6 @@ __all__ = [
     "CarryConfig", "EvalConfig", "HaltingConfig", "ModelConfig", "Placement", "Rule",
     "TrainConfig", "TrialConfig", "absolute_data_path", "allowed_keys", "build_trial", "check_bounds",
     "check_data", "describe_error", "eval_id", "eval_keys", "file_digest", "flatten",
-    "layers_per_step", "load_trial", "load_yaml", "merge", "parse_overrides", "reading_id",
+    "layers_per_step", "load_yaml", "merge", "parse_overrides", "reading_id",
     "resolve_data_paths", "set_dotted", "to_dict", "training_id", "trial_id",
 ]

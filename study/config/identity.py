@@ -11,6 +11,7 @@ import json
 import os
 from typing import Any
 
+from study.config.init_from import trm_path
 from study.config.schema import TrialConfig
 from study.errors import ConfigError
 
@@ -26,6 +27,9 @@ ADDED_LATER: dict[tuple[str, str], Any] = {
     ("task", "min_length"): None, ("task", "test_lengths"): None, ("task", "test_size"): None,
     ("task", "dataset"): None, ("task", "n_aug"): None, ("task", "puzzle_embedding"): None,
     ("train", "puzzle_optimizer"): "sign_sgd", ("train", "puzzle_lr"): 1e-2, ("train", "puzzle_weight_decay"): 0.1,
+    ("model", "mixer"): "attention", ("model", "h_layers"): None, ("model", "swiglu_multiple"): None,
+    ("model", "init"): "torch", ("model", "init_states"): "learned", ("model", "head_norm"): True,
+    ("model", "puzzle_prefix"): 0, ("model", "q_head"): False, ("model", "init_from"): None,
 }
 
 
@@ -84,6 +88,9 @@ def trial_id(cfg: TrialConfig, leave_out: tuple[str, ...] = ()) -> str:
     for section, name in DATA_FILES:
         if d[section].get(name):
             d[section][name] = "sha256:" + file_digest(d[section][name])
+    checkpoint = trm_path(d["model"].get("init_from"))
+    if checkpoint:  # an imported checkpoint enters by content, as data files do
+        d["model"]["init_from"] = "trm:sha256:" + file_digest(checkpoint)
     for (section, name), before in ADDED_LATER.items():
         if d[section].get(name, before) == before:
             d[section].pop(name, None)

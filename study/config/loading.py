@@ -128,15 +128,6 @@ def resolve_data_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
     return data
 
 
-def load_trial(path: str | Path, overrides: list[str] | None = None) -> TrialConfig:
-    """A trial config from YAML (sections task/model/train/eval/seed) plus dotted key=value overrides. Relative
-    data-file paths are read against the YAML file's folder."""
-    data = merge(load_yaml(path), parse_overrides(overrides or []))
-    cfg = build_trial(resolve_data_paths(data, Path(path).resolve().parent), str(path))
-    check_data([cfg], str(path))
-    return cfg
-
-
 def check_data(configs: list[TrialConfig], source: str) -> None:
     """The task data files the configs read, read once each up front (study.tasks.loader.check_data_files); a
     problem is a ConfigError naming `source`, the data file and its line."""

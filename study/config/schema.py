@@ -7,6 +7,7 @@ Torch-free, so analysis and spec checks never import torch.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import field
 from typing import Annotated, Literal, get_args
 
@@ -21,10 +22,11 @@ RULES = get_args(Rule)
 Unit = Annotated[float, Bound(ge=0, lt=1)]  # FPRM's a1, a2 initialisations
 
 
-def layers_per_step(kind: str, L: int, n_layers: int) -> int:
-    """Executed layers per step: a nested outer cycle runs the block L + 1 times (L inner, 1 outer), a flat
-    iteration once (methods.md section 2). The one statement of the count; tables read stored trials with it."""
-    return (L + 1) * n_layers if kind == "nested" else n_layers
+def layers_per_step(kind: str, L: int, n_layers: int, h_layers: int | None = None) -> int:
+    """Executed layers per step: a nested outer cycle runs the block L + 1 times (L inner, 1 outer; HRM's outer
+    update runs its own block of h_layers), a flat iteration once (methods.md section 2). The one statement of the
+    count; tables read stored trials with it."""
+    return L * n_layers + (h_layers or n_layers) if kind == "nested" else n_layers
 
 @pdataclass(config={"extra": "forbid"})
 class CarryConfig:
@@ -123,8 +125,29 @@ class ModelConfig:
     L: Annotated[int, Bound(ge=1)] = 6
     grad_steps: Annotated[int, Bound(ge=1)] = 1
     recall: bool = True
-    # learned absolute positions, or none (the conv's locality alone orders tokens)
-    pos: Literal["learned", "none"] = "learned"
+    # learned absolute positions, none (the conv's locality alone orders tokens), or rotary (TRM's and HRM's RoPE,
+    # theta 10000, on queries and keys)
+    pos: Literal["learned", "none", "rope"] = "learned"
+    # token mixing: attention (with the conv when model.conv), or TRM-MLP's SwiGLU over the token axis
+    mixer: Literal["attention", "mlp"] = "attention"
+    # HRM: the outer update's own block of this many layers (null: one block for both updates, as TRM)
+    h_layers: Annotated[int, Bound(ge=1, most=1_024)] | None = None
+    # the SwiGLU width's rounding multiple (TRM: 256 at every size; null: 256, or 16 below hidden 256)
+    swiglu_multiple: Annotated[int, Bound(ge=1, most=4_096)] | None = None
+    # weight init: PyTorch's defaults, or TRM's truncated LeCun normal (linear layers) and truncated normal embedding
+    init: Literal["torch", "trunc_lecun"] = "torch"
+    # the initial states: learned vectors, or TRM's fixed vectors (truncated normal, std 1, never trained)
+    init_states: Literal["learned", "fixed"] = "learned"
+    # normalise the outer state again before the output head (TRM reads its post-norm state as it is: false)
+    head_norm: bool = True
+    # TRM's puzzle-embedding prefix: this many positions before the tokens hold the puzzle's embedding, zero-padded
+    # (0: loopstudy's layout, ARC's puzzle id read as one more token at the end)
+    puzzle_prefix: Annotated[int, Bound(ge=0, most=1_024)] = 0
+    # TRM's Q head: (halt, continue) logits from the outer state's first position
+    q_head: bool = False
+    # the weights to start from: trm:PATH (a TinyRecursiveModels / HRM checkpoint; the model keys left out come
+    # from it) or STUDY/TRIAL_ID (another study's stored weights in the same store); null: a fresh init
+    init_from: str | None = None
     carry: CarryConfig = field(default_factory=CarryConfig)
     halting: HaltingConfig = field(default_factory=HaltingConfig)
 
@@ -139,14 +162,26 @@ class ModelConfig:
             raise ValueError(f"model.hidden={self.hidden} must be divisible by model.heads={self.heads}")
         if self.residual_scaling and self.norm != "pre":
             raise ValueError("model.residual_scaling=True needs model.norm='pre' (FPRM's pre-norm scaling)")
-        if self.pos == "none" and not self.conv:
+        if self.pos == "none" and not self.conv and self.mixer == "attention":
             raise ValueError("model.pos=none needs model.conv=true: without positions the conv's locality is the "
                              "only order the model sees")
+        if self.puzzle_prefix and self.conv:
+            raise ValueError("model.puzzle_prefix needs model.conv=false: the conv reads the token grid, which the "
+                             "prefix would shift (TRM has no conv)")
+        if self.mixer == "mlp" and self.pos == "learned":
+            raise ValueError("model.mixer=mlp mixes fixed positions itself: use model.pos none (TRM-MLP) or rope")
+        if self.init_from is not None and not (self.init_from.startswith("trm:") and len(self.init_from) > 4
+                                               or re.fullmatch(r"[^/\s]+/[0-9a-f]{12}", self.init_from)):
+            raise ValueError(f"model.init_from={self.init_from!r} is not allowed; give trm:PATH (a TRM or HRM "
+                             "checkpoint) or STUDY/TRIAL_ID (a trial's stored weights)")
+        if self.h_layers is not None and (self.kind != "nested" or self.residual_scaling):
+            raise ValueError("model.h_layers (HRM's outer block) needs model.kind=nested without "
+                             "model.residual_scaling")
 
     @property
     def layers_per_step(self) -> int:
         """Executed layers per outer cycle (nested) or per iteration (flat)."""
-        return layers_per_step(self.kind, self.L, self.n_layers)
+        return layers_per_step(self.kind, self.L, self.n_layers, self.h_layers)
 
     @property
     def layers_per_update(self) -> int:
@@ -174,7 +209,7 @@ class TrainConfig:
     without it (n uniform in 0..H-1, k in 1..H-n), which teaches the step to improve any partial state instead of
     counting iterations. 0: off. Needs n_sup 1."""
 
-    steps: Annotated[int, Bound(ge=1, most=10_000_000)] = 600
+    steps: Annotated[int, Bound(ge=0, most=10_000_000)] = 600  # 0: read model.init_from's weights only
     # training samples per batch
     batch_size: Annotated[int, Bound(ge=1, most=1_000_000)] = 64
     # AdamW's peak learning rate (after the linear warmup)
@@ -308,6 +343,8 @@ class TrialConfig:
     label: str = ""  # the sweep variant's name; a display name, not part of the trial's identity
 
     def __post_init__(self):
+        if self.train.steps == 0 and self.model.init_from is None:
+            raise ValueError("train.steps=0 trains nothing: it reads model.init_from's weights, and needs it")
         # depth targets must be whole outer cycles of the *evaluated* model: fail before training starts
         self.eval.resolved_depths(self.eval.model_config(self.model))
         spec = TASKS[self.task.name].spec(self.task)
@@ -315,6 +352,9 @@ class TrialConfig:
             shape = spec.test_grid if len(spec.grid) > 1 else f"{spec.test_seq_len} tokens"
             raise ValueError(f"the test inputs ({shape}) are larger than training's ({spec.grid}) and model.pos="
                              "learned has no positions for them; set model.pos=none")
+        if self.model.mixer == "mlp" and spec.test_shape_differs:
+            raise ValueError("the test inputs are longer than training's and model.mixer=mlp mixes a fixed number "
+                             "of positions; use model.mixer=attention")
         if self.eval.n_test is not None and self.eval.n_test > self.task.n_test:
             raise ValueError(f"eval.n_test={self.eval.n_test} is not allowed; the task has task.n_test="
                              f"{self.task.n_test} test samples")

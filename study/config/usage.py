@@ -43,8 +43,8 @@ HALTING = _when(halting_anywhere, "halting is off (model.halting.enabled and eva
 EVAL_HALTING = _when(lambda c: eval_halting(c) or uses(c, "damped"),
                      "the evaluation neither halts (eval.halting / model.halting.enabled) nor damps")
 NESTED = _when(lambda c: c.model.kind == "nested", "model.kind is flat (one loop, no inner cycles)")
-PUZZLES = _when(lambda c: "puzzle_embedding" in TASKS[c.task.name].reads,
-                "the task has no puzzle embedding (task arc has)")
+PUZZLES = _when(lambda c: "puzzle_embedding" in TASKS[c.task.name].reads or c.model.puzzle_prefix > 0,
+                "the model has no puzzle embedding (task arc has one; model.puzzle_prefix gives any task TRM's)")
 PERTURB = _when(lambda c: c.eval.perturb_update is not None, "eval.perturb_update is not set (no perturbation test)")
 
 READ_WHEN: dict[str, Callable[[TrialConfig], str | None]] = {
@@ -62,6 +62,7 @@ READ_WHEN: dict[str, Callable[[TrialConfig], str | None]] = {
                                      and c.model.carry.rule_for("inner") in ("infiloop", "full_attnres"),
                                      "the inner axis keeps no history to reset"),
     "model.L": NESTED,
+    "model.h_layers": NESTED,
     # (a2 enters b1 = b2 (1 - a1) / (1 - a1^2L), b2 = 1 - a2 a1^2L: both reasoners read it under the scaling)
     "model.a1_init": _when(lambda c: c.model.residual_scaling, "model.residual_scaling is off"),
     "model.a2_init": _when(lambda c: c.model.residual_scaling, "model.residual_scaling is off"),
@@ -83,14 +84,15 @@ READ_WHEN: dict[str, Callable[[TrialConfig], str | None]] = {
     "train.puzzle_weight_decay": PUZZLES,
 }
 
-# keys whose reading the task alone decides: set in a spec whose trials never read them, they are a mistake (the
-# other keys of READ_WHEN may be set in a base that only some sweep points read)
+# keys whose reading the task and model shape decide: set in a spec whose trials never read them, they are a mistake
+# (the other keys of READ_WHEN may be set in a base that only some sweep points read)
 TASK_BOUND = frozenset(k for k, rule in READ_WHEN.items() if rule is PUZZLES)
 
 ALWAYS_READ = frozenset({
     "model.kind", "model.hidden", "model.heads", "model.n_layers", "model.expansion", "model.norm", "model.conv",
     "model.residual_scaling", "model.H", "model.grad_steps", "model.recall", "model.pos", "model.halting.enabled",
-    "model.halting.eps",
+    "model.halting.eps", "model.mixer", "model.swiglu_multiple", "model.init", "model.init_states",
+    "model.head_norm", "model.puzzle_prefix", "model.q_head", "model.init_from",
     *(f"train.{k}" for k in ("steps", "batch_size", "lr", "weight_decay", "betas", "warmup", "n_sup", "grad_clip",
                              "ema", "loss", "device", "dtype", "threads", "log_every", "checkpoint_every",
                              "keep_checkpoints", "progressive")),

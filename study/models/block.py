@@ -1,7 +1,8 @@
 """The shared block f_theta (methods.md section 1).
 
 One block = `n_layers` transformer layers. Each layer has two sublayers:
-  1. token mixing: multi-head self-attention plus a depthwise conv over the token grid (summed),
+  1. token mixing (model.mixer): multi-head self-attention (with RoPE when model.pos is rope), plus a depthwise
+     conv over the token grid (summed) when model.conv is on; or TRM-MLP's SwiGLU over the token axis,
   2. a SwiGLU MLP.
 Norm placement is `post` (TRM/HRM: h = norm(h + sub(h))) or `pre` (FPRM: h = h + sub(norm(h))). With FPRM's tied
 residual scaling (methods.md section 2) every sublayer update is h = a1 * h + b1 * sub(norm(h)), a1 and b1 shared
@@ -27,11 +28,32 @@ def rms_norm(x: torch.Tensor, eps: float = RMS_EPS) -> torch.Tensor:
     return F.rms_norm(xf, (x.shape[-1],), eps=eps).to(x.dtype)
 
 
-def swiglu_width(hidden: int, expansion: float) -> int:
-    """TRM's SwiGLU width: 2/3 of expansion * hidden, rounded up to a multiple of 256 (of 16 below hidden 256)."""
+ROPE_THETA = 10_000.0  # TRM's and HRM's rope_theta
+
+
+def swiglu_width(hidden: int, expansion: float, multiple: int | None = None) -> int:
+    """TRM's SwiGLU width: 2/3 of expansion * hidden, rounded up to a multiple of `multiple` (TRM: 256 at every
+    size; None: 256, or 16 below hidden 256, so small CPU models are not mostly padding)."""
     raw = round(expansion * hidden * 2 / 3)
-    mult = 256 if hidden >= 256 else 16
+    mult = multiple or (256 if hidden >= 256 else 16)
     return mult * math.ceil(raw / mult)
+
+
+def rope_tables(n: int, head_dim: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE's (cos, sin) for positions 0..n-1, float32, (n, head_dim): inverse frequencies theta^(-2i/d), the
+    angles repeated for both halves (shared/spec/reference_models.md)."""
+    inv_freq = 1.0 / ROPE_THETA ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)
+    angles = torch.outer(torch.arange(n, dtype=torch.float32, device=device), inv_freq)
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (.., seq, head_dim) rotated by position, "rotate half": halves (x1, x2) -> x cos + (-x2, x1) sin, in
+    float32."""
+    xf = x.float()
+    x1, x2 = xf.chunk(2, dim=-1)
+    return (xf * cos + torch.cat((-x2, x1), dim=-1) * sin).to(x.dtype)
 
 
 def logit(p: float) -> float:
@@ -40,15 +62,28 @@ def logit(p: float) -> float:
 
 
 class Attention(nn.Module):
+    """Non-causal multi-head attention; one projection to (queries, keys, values) in that order, head by head (the
+    layout of TRM's qkv_proj with as many key-value heads as heads); RoPE on queries and keys when model.pos is rope."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.heads = cfg.heads
+        self.rope = cfg.pos == "rope"
         self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden, bias=False)
         self.proj = nn.Linear(cfg.hidden, cfg.hidden, bias=False)
+        self._tables: tuple[torch.Tensor, torch.Tensor] | None = None  # RoPE's, for the last length and device
+
+    def rope_tables(self, S: int, head_dim: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._tables is None or self._tables[0].shape[0] != S or self._tables[0].device != device:
+            self._tables = rope_tables(S, head_dim, device)
+        return self._tables
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, S, D = x.shape
         q, k, v = self.qkv(x).view(B, S, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)
+        if self.rope:
+            cos, sin = self.rope_tables(S, D // self.heads, x.device)
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         y = F.scaled_dot_product_attention(q, k, v)  # non-causal: every cell sees the whole board
         return self.proj(y.transpose(1, 2).reshape(B, S, D))
 
@@ -85,27 +120,45 @@ class GridConv(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    """silu(gate) * up, then down; one projection to (gate, up) in that order. width: the features it acts on."""
+
+    def __init__(self, cfg: ModelConfig, width: int | None = None):
         super().__init__()
-        width = swiglu_width(cfg.hidden, cfg.expansion)
-        self.gate_up = nn.Linear(cfg.hidden, 2 * width, bias=False)
-        self.down = nn.Linear(width, cfg.hidden, bias=False)
+        d = width or cfg.hidden
+        inner = swiglu_width(d, cfg.expansion, cfg.swiglu_multiple)
+        self.gate_up = nn.Linear(d, 2 * inner, bias=False)
+        self.down = nn.Linear(inner, d, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up(x).chunk(2, dim=-1)
         return self.down(F.silu(gate) * up)
 
 
-class Mixer(nn.Module):
-    """Token-mixing sublayer: attention plus the local depthwise conv."""
+class TokenMLP(nn.Module):
+    """TRM-MLP's token mixing: a SwiGLU over the token axis (its width: the sequence length, prefix included)."""
 
-    def __init__(self, cfg: ModelConfig, grid: tuple[int, ...]):
+    def __init__(self, cfg: ModelConfig, seq_len: int):
         super().__init__()
-        self.attn = Attention(cfg)
+        self.seq_len = seq_len
+        self.mlp = SwiGLU(cfg, width=seq_len)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[1] != self.seq_len:
+            raise ValueError(f"{x.shape[1]} positions, but model.mixer=mlp mixes exactly {self.seq_len}")
+        return self.mlp(x.transpose(1, 2)).transpose(1, 2)
+
+
+class Mixer(nn.Module):
+    """Token-mixing sublayer: attention (plus the local depthwise conv with model.conv), or the token-axis MLP."""
+
+    def __init__(self, cfg: ModelConfig, grid: tuple[int, ...], seq_len: int):
+        super().__init__()
+        self.attn = Attention(cfg) if cfg.mixer == "attention" else None
+        self.token_mlp = TokenMLP(cfg, seq_len) if cfg.mixer == "mlp" else None
         self.conv = GridConv(cfg, grid) if cfg.conv else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.attn(x)
+        out = self.attn(x) if self.attn is not None else self.token_mlp(x)
         return out + self.conv(x) if self.conv is not None else out
 
 
@@ -135,14 +188,14 @@ class ResidualScaling(nn.Module):
 
 class Block(nn.Module):
     """f_theta: n_layers x (mixer, SwiGLU), with the configured norm placement / residual scaling. grid: the task's
-    token grid for the conv, (rows, cols) or (length,)."""
+    token grid for the conv, (rows, cols) or (length,); seq_len: the positions a token-axis MLP mixes."""
 
-    def __init__(self, cfg: ModelConfig, grid: tuple[int, ...]):
+    def __init__(self, cfg: ModelConfig, grid: tuple[int, ...], seq_len: int = 0, n_layers: int | None = None):
         super().__init__()
         self.cfg = cfg
         self.sublayers = nn.ModuleList()
-        for _ in range(cfg.n_layers):
-            self.sublayers.append(Mixer(cfg, grid))
+        for _ in range(n_layers or cfg.n_layers):
+            self.sublayers.append(Mixer(cfg, grid, seq_len))
             self.sublayers.append(SwiGLU(cfg))
         self.scaling = ResidualScaling(cfg) if cfg.residual_scaling else None
 

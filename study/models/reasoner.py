@@ -25,6 +25,7 @@ from study.config import ModelConfig
 from study.models.block import Block, rms_norm
 from study.models.carry import CarryState, make_carry
 from study.models.halting import HaltState, advance_halting, relative_residual, start_halting
+from study.models.init import trunc_lecun_, trunc_normal_
 from study.tasks.base import TaskSpec
 
 
@@ -60,15 +61,44 @@ class Reasoner(nn.Module):
         d = cfg.hidden
         self.scale = math.sqrt(d)  # TRM: embeddings at unit scale per element
         self.tok = nn.Embedding(vocab, d)
-        # ARC's puzzle embedding (methods.md 8.5): the last column holds a puzzle id; zero at the start, as TRM's
-        self.puzzle = nn.Embedding(puzzles, d) if puzzles else None
+        # The puzzle embedding (methods.md 8.5), zero at the start as TRM's. ARC's last column holds a puzzle id; it
+        # is read as one more token, or with model.puzzle_prefix laid out as TRM's prefix of that many positions
+        # before the tokens (a task without puzzle ids then has one row, id 0, as TRM's Sudoku and Maze).
+        self.prefix = cfg.puzzle_prefix
+        rows = puzzles or (1 if self.prefix else 0)
+        self.puzzle = nn.Embedding(rows, d) if rows else None
         if self.puzzle is not None:
             nn.init.zeros_(self.puzzle.weight)
+        self.ids_in_tokens = puzzles > 0  # the sequence's last column is the puzzle id
         self.seq_len = seq_len
-        self.pos = nn.Parameter(torch.randn(seq_len, d) / self.scale) if cfg.pos == "learned" else None
-        nn.init.normal_(self.tok.weight, std=1 / self.scale)
-        self.block = Block(cfg, grid)
+        # the positions the block sees: the tokens, with the prefix in place of a puzzle-id column
+        self.block_positions = seq_len + self.prefix - (1 if self.prefix and self.ids_in_tokens else 0)
+        self.pos = nn.Parameter(torch.randn(self.block_positions, d) / self.scale) if cfg.pos == "learned" else None
+        nn.init.normal_(self.tok.weight, std=1 / self.scale)  # (here: the draws' order fixes a seed's weights)
+        self.block = Block(cfg, grid, self.block_positions)
         self.head = nn.Linear(d, vocab, bias=False)
+        # TRM's Q head: (halt, continue) logits from the state's first position (the puzzle prefix's first)
+        self.q_head = nn.Linear(d, 2, bias=True) if cfg.q_head else None
+
+    def initialise(self) -> None:
+        """Called once the model is built. model.init trunc_lecun: TRM's truncated LeCun normal on every linear
+        layer and a truncated normal token embedding (study.models.init); torch: PyTorch's defaults, the token
+        embedding normal of std 1/sqrt(hidden). The Q head starts at zero weight and bias -5 (TRM: it says
+        "continue" until it has learned otherwise)."""
+        if self.cfg.init == "trunc_lecun":
+            trunc_lecun_(self)
+            trunc_normal_(self.tok.weight, 1 / self.scale)
+        if self.q_head is not None:
+            nn.init.zeros_(self.q_head.weight)
+            nn.init.constant_(self.q_head.bias, -5.0)
+
+    def initial_vector(self, name: str) -> None:
+        """An initial state vector: a learned parameter, or with model.init_states fixed a buffer drawn once from
+        the truncated normal of std 1 (TRM's H_init / L_init), saved with the weights."""
+        if self.cfg.init_states == "fixed":
+            self.register_buffer(name, trunc_normal_(torch.empty(self.cfg.hidden), 1.0))
+        else:
+            setattr(self, name, nn.Parameter(torch.randn(self.cfg.hidden)))
 
     @property
     def layers_per_step(self) -> int:
@@ -86,16 +116,30 @@ class Reasoner(nn.Module):
         return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        if self.puzzle is None:
+        if self.prefix:
+            e = self.with_prefix(tokens)
+        elif self.puzzle is None:
             e = self.tok(tokens)
         else:
             e = torch.cat([self.tok(tokens[:, :-1]), self.puzzle(tokens[:, -1:])], 1)
         if self.pos is None:
             return self.scale * e
-        if tokens.shape[1] > self.seq_len:
+        if e.shape[1] > self.pos.shape[0]:
             raise ValueError(f"{tokens.shape[1]} tokens, but model.pos=learned has positions for {self.seq_len}; "
-                             "use model.pos=none to read longer inputs")
-        return self.scale * (e + self.pos[: tokens.shape[1]])
+                             "use model.pos=none or rope to read longer inputs")
+        return self.scale * (e + self.pos[: e.shape[1]])
+
+    def with_prefix(self, tokens: torch.Tensor) -> torch.Tensor:
+        """TRM's layout: the puzzle's embedding row, zero-padded to prefix * hidden values, as `prefix` positions
+        before the tokens' embeddings (with puzzle_emb_ndim = hidden: the first holds it, the rest are zero)."""
+        B, d = tokens.shape[0], self.cfg.hidden
+        if self.ids_in_tokens:
+            ids, tokens = tokens[:, -1], tokens[:, :-1]
+        else:
+            ids = torch.zeros(B, dtype=torch.long, device=tokens.device)
+        row = self.puzzle(ids)
+        pre = torch.cat([row, row.new_zeros(B, (self.prefix - 1) * d)], -1).view(B, self.prefix, d)
+        return torch.cat([pre, self.tok(tokens)], 1)
 
     def injected(self, x: torch.Tensor) -> torch.Tensor | None:
         """What a step adds of the input: x with recall, nothing without."""
@@ -107,7 +151,16 @@ class Reasoner(nn.Module):
         return (h0 + x if not self.cfg.recall else h0).contiguous()
 
     def logits(self, state: LoopState) -> torch.Tensor:
-        return self.head(rms_norm(state.outer.h.to(self.head.weight.dtype)))
+        """The output head on the outer state (normalised again with model.head_norm; TRM reads its post-norm
+        state as it is), one row per token: the puzzle prefix is dropped."""
+        h = state.outer.h.to(self.head.weight.dtype)
+        out = self.head(rms_norm(h) if self.cfg.head_norm else h)
+        return out[:, self.prefix:] if self.prefix else out
+
+    def q_logits(self, state: LoopState) -> tuple[torch.Tensor, torch.Tensor]:
+        """TRM's Q head in float32 from the outer state's first position: (halt, continue) logits per sample."""
+        q = self.q_head(state.outer.h[:, 0].to(self.q_head.weight.dtype)).float()
+        return q[:, 0], q[:, 1]
 
     def init_state(self, x: torch.Tensor) -> LoopState:
         raise NotImplementedError
@@ -161,8 +214,10 @@ class NestedReasoner(Reasoner):
     def __init__(self, cfg: ModelConfig, vocab: int, seq_len: int, grid: tuple[int, ...], puzzles: int = 0):
         super().__init__(cfg, vocab, seq_len, grid, puzzles)
         d = cfg.hidden
-        self.y_init = nn.Parameter(torch.randn(d))
-        self.z_init = nn.Parameter(torch.randn(d))
+        self.initial_vector("y_init")
+        self.initial_vector("z_init")
+        # HRM: the outer (H-level) update has a block of its own, of model.h_layers layers (TRM: the one block)
+        self.h_block = Block(cfg, grid, self.block_positions, cfg.h_layers) if cfg.h_layers else None
         self.carry_inner = make_carry(cfg.carry.rule_for("inner"), d, cfg.carry)
         self.carry_outer = make_carry(cfg.carry.rule_for("outer"), d, cfg.carry)
 
@@ -181,7 +236,7 @@ class NestedReasoner(Reasoner):
             inp = inner.h + y if x is None else inner.h + y + x
             # From the second inner step on, `inner` is this loop's own: the step may overwrite it.
             inner = self.carry_inner.step(inner, self.block(inp), eta, in_place=i > 0)
-        cand = self.block(y + inner.h)
+        cand = (self.h_block if self.h_block is not None else self.block)(y + inner.h)
         residual = relative_residual(y, cand, self.cfg.halting.eps)
         outer = self.carry_outer.step(state.outer, cand, eta)
         return LoopState(outer, inner, state.halt, state.steps), residual
@@ -192,7 +247,7 @@ class FlatReasoner(Reasoner):
 
     def __init__(self, cfg: ModelConfig, vocab: int, seq_len: int, grid: tuple[int, ...], puzzles: int = 0):
         super().__init__(cfg, vocab, seq_len, grid, puzzles)
-        self.z_init = nn.Parameter(torch.randn(cfg.hidden))
+        self.initial_vector("z_init")
         self.carry_outer = make_carry(cfg.carry.rule_for("flat"), cfg.hidden, cfg.carry)
 
     def init_state(self, x: torch.Tensor) -> LoopState:
@@ -217,6 +272,8 @@ def build_reasoner(cfg: ModelConfig, task: TaskSpec) -> Reasoner:
     """The one way to build a model: the reasoner `cfg` describes, shaped for the task (its vocab and length; its
     grid shapes the depthwise conv, (rows, cols) or (length,); puzzles > 0 adds a puzzle embedding read from the
     last column)."""
-    cls = NestedReasoner if cfg.kind == "nested" else FlatReasoner
-    return cls(cfg, task.vocab, task.seq_len, task.grid, task.puzzles)
+    cls = FlatReasoner if cfg.kind == "flat" else NestedReasoner
+    model = cls(cfg, task.vocab, task.seq_len, task.grid, task.puzzles)
+    model.initialise()
+    return model
 

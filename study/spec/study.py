@@ -46,6 +46,7 @@ from study.paths import is_uri
 from study.spec.optuna_location import check_location, storage_location
 from study.spec.schema import OptunaParam, StudySpec, SweepSpec
 from study.store.layout import spec_file
+from study.trial.start import check_init_from, resolve_init_from
 
 
 @dataclass
@@ -116,10 +117,11 @@ def grid_points(sweep: SweepSpec) -> list[dict[str, Any]]:
     return points
 
 
-def resolve_spec_paths(data: dict[str, Any], base: Path) -> None:
+def resolve_spec_paths(data: dict[str, Any], base: Path, source: str = "<spec>") -> None:
     """Data-file paths anywhere in a spec (base sections, grid axes, variants) made absolute against the spec's
     folder, in place; the saved copy of the spec (status, resume) then finds them from anywhere."""
     resolve_data_paths(data, base)
+    resolve_init_from(data, base, source)
     sweep = data.get("sweep")
     if not isinstance(sweep, dict):
         return
@@ -142,8 +144,20 @@ def resolve_spec_paths(data: dict[str, Any], base: Path) -> None:
 def load_study(path: str | Path, overrides: list[str] | None = None) -> Study:
     """Read and validate a spec; expand grid studies to their trials. Raises ConfigError naming file and key."""
     data = merge(load_yaml(path), parse_overrides(overrides or []))
-    resolve_spec_paths(data, Path(path).resolve().parent)
+    resolve_spec_paths(data, Path(path).resolve().parent, str(path))
     return study_from_data(data, str(path))
+
+
+def load_trial_file(path: str | Path, overrides: list[str] | None = None) -> TrialConfig:
+    """`loopstudy trial`'s config: a trial file (sections task/model/train/eval/seed) plus key=value overrides, its
+    data files and model.init_from's checkpoint read against the file's folder and checked as a spec's are."""
+    data = merge(load_yaml(path), parse_overrides(overrides or []))
+    base = Path(path).resolve().parent
+    resolve_init_from(resolve_data_paths(data, base), base, str(path))
+    cfg = build_trial(data, str(path))
+    check_data([cfg], str(path))
+    check_init_from([cfg], str(path))
+    return cfg
 
 
 def _saved_data(store, name: str) -> tuple[dict[str, Any], str]:
@@ -237,9 +251,10 @@ def study_from_data(data: dict[str, Any], source: str) -> Study:
 
 def check_configs(data: dict[str, Any], configs: list[TrialConfig], source: str) -> None:
     """What the resolved trials of a spec (or an Optuna search's corners) must hold before any runs: keys set that
-    none reads, the task data files they name."""
+    none reads, the task data files they name, and the checkpoint they start from (study.trial.start)."""
     check_base_reads(data, configs, source)
     check_data(configs, source)
+    check_init_from(configs, source)
 
 
 def check_base_reads(data: dict[str, Any], configs: list[TrialConfig], source: str) -> None:

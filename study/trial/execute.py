@@ -28,6 +28,7 @@ from study.tasks.loader import load_task
 from study.trial.data_parallel import DataParallel
 from study.trial.heap import keep_freed_memory
 from study.trial.preflight import preflight_trial
+from study.trial.start import load_start
 from study.trial.train import Trainer, TrainLog, seed_everything
 from study.trial.weights import StoredWeights, load_weights, save_weights
 from study.trial.work import Reading, kept_steps
@@ -160,8 +161,10 @@ def run_trial(cfg: TrialConfig, *, context: TrialContext = TrialContext(), hooks
     seed_everything(cfg.seed)
     task = load_task(cfg.task)
     model = build_reasoner(cfg.model, task.spec)
+    started_from = load_start(model, cfg, context.store)  # before the trainer copies the weights for its EMA
     trainer = Trainer(model, task, cfg.train, cfg.seed, parallel)
     recorder = TrialRecorder(context, cfg, model)
+    recorder.fixed["init_sha256"] = started_from
     if hooks.resume is not None:
         hooks.resume(trainer)
         recorder.resumed(trainer.step)

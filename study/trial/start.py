@@ -1,0 +1,115 @@
+"""The weights a trial starts from (model.init_from, study.config.init_from).
+
+- trm:PATH: a TinyRecursiveModels / HRM checkpoint (study.models.trm_checkpoint). Before the trials are built
+  (`resolve_init_from`, from the spec or trial file) the model keys a spec leaves out come from the checkpoint's
+  config and its tensors' shapes, and a key the spec sets that contradicts them is refused, naming both values;
+  PATH is made absolute against the spec's folder, as task data files are. Then every trial's model is checked to
+  take every tensor in its shape (`check_init_from`), before any trial starts. The carry rules' own parameters,
+  which TRM has none of, keep their fresh init.
+- STUDY/TRIAL_ID: that trial's stored final weights in the same store, checked against the hash its row keeps.
+
+`load_start` loads them into a trial's freshly built model before training (or, with train.steps 0, before it is
+only read at eval.depths) and returns the sha256 of what it read, which the trial's row records (init_sha256).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+from typing import Any
+
+from study.config import TrialConfig
+from study.config.identity import file_digest
+from study.config.init_from import TRM, stored_trial, trm_path
+from study.errors import ConfigError
+
+
+@functools.lru_cache(maxsize=8)
+def _read(path: str, size: int, mtime_ns: int) -> tuple[str, dict[str, Any]]:
+    from study.models.trm_checkpoint import published_keys, read_arch, read_tensors
+
+    tensors = read_tensors(Path(path))
+    kind, arch = read_arch(Path(path))
+    return kind, published_keys(kind, arch, tensors, path)
+
+
+def checkpoint_facts(path: str) -> tuple[str, dict[str, Any]]:
+    """('trm' or 'hrm', the model keys the checkpoint implies), read once per file version."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise ConfigError(f"model.init_from {TRM}{path}: {e.strerror}") from None
+    return _read(os.path.abspath(path), st.st_size, st.st_mtime_ns)
+
+
+def resolve_init_from(data: dict[str, Any], base: Path, source: str) -> dict[str, Any]:
+    """A trial or spec dict with `model.init_from: trm:PATH` completed from the checkpoint (in place; returns data):
+    PATH absolute against `base`, every model key the checkpoint fixes filled in where the dict leaves it out; a
+    key it sets to another value is refused, naming both."""
+    model = data.get("model")
+    if not isinstance(model, dict) or trm_path(model.get("init_from")) is None:
+        return data
+    path = Path(trm_path(model["init_from"])).expanduser()
+    path = str(path if path.is_absolute() else (base / path).resolve())
+    model["init_from"] = TRM + path
+    _, keys = checkpoint_facts(path)
+    for key, value in keys.items():
+        if key not in model:
+            model[key] = value
+        elif model[key] != value:
+            raise ConfigError(f"{source}: model.{key}={model[key]!r} contradicts the checkpoint {path}, whose "
+                              f"model.{key} is {value!r}; leave model.{key} out to take the checkpoint's")
+    return data
+
+
+def check_init_from(configs: list[TrialConfig], source: str) -> None:
+    """Every trial that starts from a TRM checkpoint gets all of its tensors, each in the shape the trial's model
+    has (the task's vocabulary and length included): refused before any trial starts, naming the tensor."""
+    from study.models.reasoner import build_reasoner
+    from study.models.trm_checkpoint import read_tensors, to_state_dict
+    from study.tasks import TASKS
+
+    seen = set()
+    for cfg in configs:
+        path = trm_path(cfg.model.init_from)
+        if path is None:
+            continue
+        spec = TASKS[cfg.task.name].spec(cfg.task)
+        if (path, repr(cfg.model), spec) in seen:
+            continue
+        seen.add((path, repr(cfg.model), spec))
+        kind, _ = checkpoint_facts(path)
+        to_state_dict(read_tensors(Path(path)), kind, build_reasoner(cfg.model, spec), f"{source}: checkpoint {path}")
+
+
+def load_start(model, cfg: TrialConfig, store=None) -> str | None:
+    """Load cfg.model.init_from's weights into `model`; returns their sha256 (None: nothing to load)."""
+    source = cfg.model.init_from
+    path = trm_path(source)
+    if path is not None:
+        from study.models.trm_checkpoint import read_tensors, to_state_dict
+
+        kind, _ = checkpoint_facts(path)
+        state = to_state_dict(read_tensors(Path(path)), kind, model, f"checkpoint {path}")
+        model.load_state_dict(state, strict=False)  # (only the carry rules' own parameters are not in it)
+        return file_digest(path)
+    where = stored_trial(source)
+    if where is None:
+        return None
+    from study.trial.weights import load_weights
+
+    study_name, tid = where
+    row = store.trial_row(study_name, tid) if store is not None else None
+    if not row or not row.get("weights_sha256"):
+        raise ConfigError(f"model.init_from {source}: no stored weights of trial {tid} in study {study_name!r}"
+                          + (f" in {store.uri}" if store is not None else " (no results store given)"))
+    weights = load_weights(store, study_name, tid, row["weights_sha256"])
+    mine = model.state_dict()
+    wrong = sorted(k for k in weights if k not in mine or tuple(mine[k].shape) != tuple(weights[k].shape))
+    if wrong or set(mine) - set(weights):
+        raise ConfigError(f"model.init_from {source}: its weights do not fit this trial's model "
+                          f"({', '.join(wrong[:3]) or ', '.join(sorted(set(mine) - set(weights))[:3])}): the model "
+                          "keys must be the ones that trial was trained with")
+    model.load_state_dict(weights)
+    return row["weights_sha256"]

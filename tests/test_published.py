@@ -1,0 +1,378 @@
+"""The published reference models (TRM-Att, TRM-MLP, HRM): their arithmetic pinned piece by piece against values
+worked by hand, and a checkpoint in TRM's format (built here, every tensor random) read into loopstudy's reasoner,
+whose logits equal a reference forward written in this file from shared/spec/reference_models.md."""
+
+import math
+
+import pytest
+import scipy.stats
+import torch
+import torch.nn.functional as F
+import yaml
+
+from study.config import ModelConfig
+from study.models.block import rope_tables, rotate, swiglu_width
+from study.models.init import trunc_normal_, truncated_std
+from study.models.reasoner import build_reasoner
+from study.models.trm_checkpoint import (
+    CheckpointError,
+    loopstudy_name,
+    published_keys,
+    read_arch,
+    read_tensors,
+    shape_facts,
+    to_state_dict,
+)
+from study.tasks.base import TaskSpec
+
+ARCH_NAMES = {"trm": "recursive_reasoning.trm@TinyRecursiveReasoningModel_ACTV1",
+              "hrm": "recursive_reasoning.hrm@HierarchicalReasoningModel_ACTV1"}
+
+
+def test_rope_rotates_each_half_pair_by_its_position_times_its_frequency():
+    d, pos = 8, 5
+    x = torch.arange(1.0, d + 1)
+    cos, sin = rope_tables(pos + 1, d, torch.device("cpu"))
+    got = rotate(x.view(1, 1, d).expand(1, pos + 1, d), cos, sin)[0, pos]
+    want = x.clone()
+    for i in range(d // 2):  # "rotate half": dims i and i + d/2 form a pair, turned by pos * 10000^(-2i/d)
+        angle = pos * 10000.0 ** (-2 * i / d)
+        a, b = x[i].item(), x[i + d // 2].item()
+        want[i] = a * math.cos(angle) - b * math.sin(angle)
+        want[i + d // 2] = b * math.cos(angle) + a * math.sin(angle)
+    assert torch.allclose(got, want, atol=1e-5)
+    assert torch.equal(rotate(x.view(1, 1, d), cos[:1], sin[:1])[0, 0], x)  # position 0 is not turned
+
+
+def test_the_truncated_normal_has_the_std_asked_for_and_stays_within_two_of_the_underlying():
+    assert truncated_std() == pytest.approx(scipy.stats.truncnorm(-2, 2).std(), rel=1e-12)
+    torch.manual_seed(0)
+    x = trunc_normal_(torch.empty(1_000_000), std=0.25)
+    assert x.std().item() == pytest.approx(0.25, rel=5e-3) and abs(x.mean().item()) < 1e-3
+    assert x.abs().max().item() <= 2 * 0.25 / truncated_std() + 1e-6
+    assert torch.equal(trunc_normal_(torch.ones(4), std=0), torch.zeros(4))
+
+
+def test_the_swiglu_width_rounds_to_the_multiple_trm_uses():
+    assert swiglu_width(512, 4, 256) == 1536 and swiglu_width(64, 4, 256) == 256  # TRM: 256 at every size
+    assert swiglu_width(64, 4) == 176  # loopstudy's default below hidden 256: a multiple of 16
+    assert swiglu_width(97, 4, 256) == 512  # TRM-MLP's token mixer on Sudoku: 81 cells + 16 prefix, 97 * 8/3 = 259
+
+
+def published(kind="trm", mlp_t=False, hidden=16, prefix=4, vocab=11, seq=9, **over) -> tuple[ModelConfig, TaskSpec]:
+    cfg = ModelConfig(hidden=hidden, heads=2, n_layers=2, H=2, L=3, norm="post", conv=False,
+                      pos="none" if mlp_t else "rope", mixer="mlp" if mlp_t else "attention", swiglu_multiple=256,
+                      init="trunc_lecun", init_states="fixed", head_norm=False, puzzle_prefix=prefix, q_head=True,
+                      h_layers=3 if kind == "hrm" else None, **over)
+    return cfg, TaskSpec("sudoku", vocab, seq, (3, 3))
+
+
+def test_the_puzzle_prefix_stands_before_the_tokens_and_the_logits_drop_it():
+    cfg, task = published()
+    model = build_reasoner(cfg, task).eval()
+    with torch.no_grad():
+        model.puzzle.weight.normal_()
+    tokens = torch.randint(0, task.vocab, (3, task.seq_len))
+    e = model.embed(tokens)
+    scale = math.sqrt(cfg.hidden)
+    assert e.shape == (3, cfg.puzzle_prefix + task.seq_len, cfg.hidden)
+    assert torch.allclose(e[:, 0], scale * model.puzzle.weight[0].expand(3, -1))  # id 0: Sudoku's one puzzle
+    assert torch.equal(e[:, 1:cfg.puzzle_prefix], torch.zeros_like(e[:, 1:cfg.puzzle_prefix]))
+    assert torch.allclose(e[:, cfg.puzzle_prefix:], scale * model.tok(tokens))
+    state = model.rollout(tokens, 1)
+    assert model.logits(state).shape == (3, task.seq_len, task.vocab)
+    halt, cont = model.q_logits(state)
+    assert torch.equal(halt, torch.full((3,), -5.0)) and torch.equal(cont, torch.full((3,), -5.0))  # TRM's init
+
+
+def test_fixed_initial_states_are_saved_buffers_not_trained():
+    cfg, task = published()
+    model = build_reasoner(cfg, task)
+    names = {n for n, _ in model.named_parameters()}
+    assert "y_init" not in names and "z_init" not in names
+    assert {"y_init", "z_init"} <= set(model.state_dict())
+
+
+# -- a checkpoint in TRM's format --------------------------------------------------------------------------------------
+def trm_tensors(kind: str, mlp_t: bool, hidden: int, prefix: int, vocab: int, seq: int, layers: dict[str, int],
+                expansion: float = 4.0, puzzles: int = 1) -> dict[str, torch.Tensor]:
+    """Every tensor a TRM / HRM checkpoint of these sizes holds, random (shared/spec/reference_models.md)."""
+    g = torch.Generator().manual_seed(1)
+
+    def r(*shape, std=0.07):  # (layers this small keep the loop contracting: float32 rounding does not grow)
+        return torch.randn(*shape, generator=g) * std
+
+    def width(d):
+        return swiglu_width(d, expansion, 256)
+
+    t = {"H_init": r(hidden, std=1.0), "L_init": r(hidden, std=1.0), "lm_head.weight": r(vocab, hidden, std=0.3),
+         "embed_tokens.embedding_weight": r(vocab, hidden, std=0.3), "q_head.weight": r(2, hidden, std=0.3),
+         "q_head.bias": r(2), "puzzle_emb.weights": r(puzzles, hidden, std=0.3)}
+    for level, n in layers.items():
+        for i in range(n):
+            p = f"{level}_level.layers.{i}."
+            if mlp_t:
+                t[p + "mlp_t.gate_up_proj.weight"] = r(2 * width(seq + prefix), seq + prefix)
+                t[p + "mlp_t.down_proj.weight"] = r(seq + prefix, width(seq + prefix))
+            else:
+                t[p + "self_attn.qkv_proj.weight"] = r(3 * hidden, hidden)
+                t[p + "self_attn.o_proj.weight"] = r(hidden, hidden)
+            t[p + "mlp.gate_up_proj.weight"] = r(2 * width(hidden), hidden)
+            t[p + "mlp.down_proj.weight"] = r(hidden, width(hidden))
+    return t
+
+
+def reference_logits(t, kind, mlp_t, heads, prefix, H, L, tokens, n_sup):
+    """TRM's and HRM's forward as shared/spec/reference_models.md states it, on the raw tensors."""
+    B, S = tokens.shape
+    d = t["embed_tokens.embedding_weight"].shape[1]
+
+    def rms(h):
+        return h * torch.rsqrt(h.square().mean(-1, keepdim=True) + 1e-5)
+
+    def swiglu(h, p):
+        gate, up = (h @ t[p + "gate_up_proj.weight"].T).chunk(2, -1)
+        return (F.silu(gate) * up) @ t[p + "down_proj.weight"].T
+
+    hd = d // heads
+    inv = 1.0 / 10000.0 ** (torch.arange(0, hd, 2).float() / hd)
+    ang = torch.outer(torch.arange(S + prefix).float(), inv)
+    cos, sin = torch.cat((ang, ang), -1).cos(), torch.cat((ang, ang), -1).sin()
+
+    def rot(x):  # x (B, S, heads, hd)
+        x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+        return x * cos[:, None] + torch.cat((-x2, x1), -1) * sin[:, None]
+
+    def attention(h, p):
+        qkv = (h @ t[p + "qkv_proj.weight"].T).view(B, S + prefix, 3 * heads, hd)
+        q, k, v = rot(qkv[:, :, :heads]), rot(qkv[:, :, heads:2 * heads]), qkv[:, :, 2 * heads:]
+        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        return y.transpose(1, 2).reshape(B, S + prefix, d) @ t[p + "o_proj.weight"].T
+
+    def level(name, h, injection):
+        h = h + injection
+        i = 0
+        while f"{name}_level.layers.{i}.mlp.down_proj.weight" in t:
+            p = f"{name}_level.layers.{i}."
+            if mlp_t:
+                h = rms(h + swiglu(h.transpose(1, 2), p + "mlp_t.").transpose(1, 2))
+            else:
+                h = rms(h + attention(h, p + "self_attn."))
+            h = rms(h + swiglu(h, p + "mlp."))
+            i += 1
+        return h
+
+    puzzle = torch.cat([t["puzzle_emb.weights"][torch.zeros(B, dtype=torch.long)],
+                        torch.zeros(B, (prefix - 1) * d)], -1).view(B, prefix, d)
+    x = math.sqrt(d) * torch.cat([puzzle, t["embed_tokens.embedding_weight"][tokens]], 1)
+    zH = t["H_init"].expand(B, S + prefix, d)
+    zL = t["L_init"].expand(B, S + prefix, d)
+    out = []
+    for _ in range(n_sup):
+        for _ in range(H):
+            for _ in range(L):
+                zL = level("L", zL, zH + x)
+            zH = level("H" if kind == "hrm" else "L", zH, zL)
+        out.append((zH @ t["lm_head.weight"].T)[:, prefix:])
+    return out
+
+
+def write_checkpoint(folder, tensors, arch, compiled=True):
+    folder.mkdir(parents=True, exist_ok=True)
+    prefix = "_orig_mod.model.inner." if compiled else "model.inner."
+    torch.save({prefix + k: v for k, v in tensors.items()}, folder / "step_1000")
+    (folder / "all_config.yaml").write_text(yaml.safe_dump({"arch": arch, "lr": 1e-4}))
+    return folder / "step_1000"
+
+
+@pytest.mark.parametrize("kind,mlp_t", [("trm", False), ("trm", True), ("hrm", False)],
+                         ids=["trm_att", "trm_mlp", "hrm"])
+def test_a_trm_format_checkpoint_reads_into_the_reasoner_with_the_reference_logits(tmp_path, kind, mlp_t):
+    hidden, heads, vocab, seq, H, L = 16, 2, 11, 9, 2, 3
+    prefix = 4 if kind == "trm" else 1
+    layers = {"L": 2, "H": 3} if kind == "hrm" else {"L": 2}
+    tensors = trm_tensors(kind, mlp_t, hidden, prefix, vocab, seq, layers)
+    arch = {"name": ARCH_NAMES[kind], "hidden_size": hidden, "num_heads": heads, "expansion": 4,
+            "H_cycles": H, "L_cycles": L, "L_layers": 2, "H_layers": 3 if kind == "hrm" else 0,
+            "pos_encodings": "none" if mlp_t else "rope", "puzzle_emb_ndim": hidden, "mlp_t": mlp_t,
+            "halt_max_steps": 16, "halt_exploration_prob": 0.1}
+    if kind == "trm":
+        arch["puzzle_emb_len"] = prefix
+    path = write_checkpoint(tmp_path, tensors, arch, compiled=kind != "hrm")
+    read = read_tensors(path)
+    assert set(read) == set(tensors)  # the compile and loss-head prefixes are dropped
+    got_kind, got_arch = read_arch(path)
+    keys = published_keys(got_kind, got_arch, read, str(path))
+    assert keys["puzzle_prefix"] == prefix and keys["mixer"] == ("mlp" if mlp_t else "attention")
+    facts = shape_facts(read)
+    assert facts["vocab"] == vocab and facts["puzzles"] == 1
+    model = build_reasoner(ModelConfig(**keys), TaskSpec("sudoku", facts["vocab"], seq, (3, 3))).eval()
+    state = to_state_dict(read, got_kind, model, str(path))
+    model.load_state_dict(state)
+    # every tensor landed where its name says: all of them, and spot checks of the names worked by hand
+    mine = model.state_dict()
+    for name, value in tensors.items():
+        assert torch.equal(mine[loopstudy_name(name, got_kind)], value), name
+    assert torch.equal(model.tok.weight, tensors["embed_tokens.embedding_weight"])
+    assert torch.equal(model.y_init, tensors["H_init"]) and torch.equal(model.z_init, tensors["L_init"])
+    assert torch.equal(model.block.sublayers[3].down.weight, tensors["L_level.layers.1.mlp.down_proj.weight"])
+    if kind == "hrm":
+        assert torch.equal(model.h_block.sublayers[4].attn.qkv.weight,
+                           tensors["H_level.layers.2.self_attn.qkv_proj.weight"])
+    tokens = torch.randint(0, vocab, (3, seq), generator=torch.Generator().manual_seed(2))
+    want = reference_logits(tensors, kind, mlp_t, heads, prefix, H, L, tokens, 40)
+    for n_sup in (1, 2, 4, 16, 40):  # supervision steps: H outer cycles each, the state carried on
+        got = model.logits(model.rollout(tokens, n_sup * H))
+        assert torch.allclose(got, want[n_sup - 1], atol=1e-4, rtol=0), (n_sup, (got - want[n_sup - 1]).abs().max())
+
+
+@pytest.fixture
+def good_checkpoint(tmp_path):
+    tensors = trm_tensors("trm", False, 16, 4, 11, 9, {"L": 2})
+    arch = {"name": ARCH_NAMES["trm"], "num_heads": 2, "expansion": 4, "H_cycles": 2, "L_cycles": 3,
+            "L_layers": 2, "H_layers": 0, "pos_encodings": "rope", "puzzle_emb_ndim": 16, "puzzle_emb_len": 4}
+    return tmp_path, tensors, arch
+
+
+def test_bad_checkpoints_are_refused_in_one_line_naming_the_file(good_checkpoint):
+    folder, tensors, arch = good_checkpoint
+    with pytest.raises(CheckpointError, match="no such file"):
+        read_tensors(folder / "nope")
+    (folder / "text").write_text("not a checkpoint")
+    with pytest.raises(CheckpointError, match="is not a torch state dict"):
+        read_tensors(folder / "text")
+    torch.save([1, 2, 3], folder / "list")
+    with pytest.raises(CheckpointError, match="is not a state dict"):
+        read_tensors(folder / "list")
+
+    class RunsCode:
+        def __reduce__(self):
+            return (print, ("this ran",))
+
+    torch.save({"x": RunsCode()}, folder / "evil")
+    with pytest.raises(CheckpointError, match="loading it would run code"):
+        read_tensors(folder / "evil")
+    path = write_checkpoint(folder / "run", tensors, {**arch, "name": "models.other@Transformer"})
+    with pytest.raises(CheckpointError, match="arch.name 'models.other@Transformer' is not one loopstudy reads"):
+        read_arch(path)
+    (folder / "run" / "all_config.yaml").unlink()
+    with pytest.raises(CheckpointError, match="no all_config.yaml beside it"):
+        read_arch(path)
+
+
+@pytest.mark.parametrize("change,needle", [
+    (lambda t: t.pop("lm_head.weight"), "tensors missing for head.weight"),
+    (lambda t: t.update({"L_level.layers.7.mlp.down_proj.weight": torch.zeros(16, 256)}), "has no place"),
+    (lambda t: t.update({"lm_head.weight": torch.zeros(12, 16)}), "has shape (12, 16), the model wants (11, 16)"),
+    (lambda t: t.update({"H_level.layers.0.mlp.down_proj.weight": torch.zeros(16, 256)}), "has no place"),
+], ids=["missing", "extra", "shape", "hrm_level_in_trm"])
+def test_tensors_missing_extra_or_of_another_shape_are_refused_naming_the_tensor(good_checkpoint, change, needle):
+    _, tensors, arch = good_checkpoint
+    keys = published_keys("trm", arch, tensors, "ckpt")
+    model = build_reasoner(ModelConfig(**keys), TaskSpec("sudoku", 11, 9, (3, 3)))
+    change(tensors)
+    with pytest.raises(CheckpointError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+        to_state_dict(tensors, "trm", model, "ckpt")
+
+
+# -- reading a checkpoint through the command line ---------------------------------------------------------------------
+def cli(*args, cwd=None):
+    import subprocess
+    import sys
+
+    from .conftest import REPO
+
+    return subprocess.run([sys.executable, "-m", "study.cli", *args], cwd=cwd or REPO, capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.fixture
+def sudoku_checkpoint(tmp_path):
+    """A TRM-Att checkpoint for 4x4 Sudoku (vocab 6, 16 cells) and a trial file that reads it at depth."""
+    tensors = trm_tensors("trm", False, 16, 4, 6, 16, {"L": 1})
+    arch = {"name": ARCH_NAMES["trm"], "num_heads": 2, "expansion": 4, "H_cycles": 2, "L_cycles": 2, "L_layers": 1,
+            "H_layers": 0, "pos_encodings": "rope", "puzzle_emb_ndim": 16, "puzzle_emb_len": 4}
+    write_checkpoint(tmp_path / "ckpt", tensors, arch)
+    trial = tmp_path / "read.yaml"
+    trial.write_text("task: {name: sudoku, size: 4, n_train: 32, n_test: 16}\n"
+                     "model: {init_from: 'trm:ckpt/step_1000'}\ntrain: {steps: 0}\neval: {depths: [6, 60, 600]}\n")
+    return tmp_path, tensors, trial
+
+
+def test_a_checkpoint_is_read_at_depth_with_steps_0_and_its_model_loads_back(sudoku_checkpoint):
+    from study.store import Store
+    from study.trial import load_model
+
+    folder, tensors, trial = sudoku_checkpoint
+    proc = cli("trial", str(trial), "--store", str(folder / "r"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "0 steps" in proc.stderr and "600" in proc.stdout
+    row = Store(folder / "r").read("trials", "adhoc").to_pylist()[0]
+    import hashlib
+
+    digest = hashlib.sha256((folder / "ckpt" / "step_1000").read_bytes()).hexdigest()
+    assert row["model.init_from"] == f"trm:{folder / 'ckpt' / 'step_1000'}" and row["init_sha256"] == digest
+    assert row["model.pos"] == "rope" and row["model.puzzle_prefix"] == 4 and row["model.hidden"] == 16
+    model = load_model(str(folder / "r"), "adhoc")
+    assert not model.training and torch.equal(model.head.weight, tensors["lm_head.weight"])
+    want = reference_logits(tensors, "trm", False, 2, 4, 2, 2, torch.ones(1, 16, dtype=torch.long), 3)[-1]
+    assert torch.allclose(model.logits(model.rollout(torch.ones(1, 16, dtype=torch.long), 6)), want, atol=1e-4)
+
+
+def test_a_trial_fine_tunes_from_another_studys_stored_weights(tmp_path, capsys):
+    from study.cli import main
+    from study.store import Store
+
+    base = tmp_path / "base.yaml"
+    base.write_text("task: {name: sudoku, size: 4, n_train: 32, n_test: 8}\nmodel: {hidden: 16, heads: 2, "
+                    "n_layers: 1, H: 1, L: 1}\ntrain: {steps: 4, batch_size: 8, warmup: 1, log_every: 2}\n"
+                    "eval: {depths: [4]}\n")
+    first = cli("trial", str(base), "--store", str(tmp_path / "r"), "--study", "pre")
+    assert first.returncode == 0, first.stderr[-2000:]
+    row = Store(tmp_path / "r").read("trials", "pre").to_pylist()[0]
+    tune = cli("trial", str(base), f"model.init_from=pre/{row['trial_id']}", "train.steps=2", "--store",
+               str(tmp_path / "r"), "--study", "tuned")
+    assert tune.returncode == 0, tune.stderr[-2000:]
+    tuned = Store(tmp_path / "r").read("trials", "tuned").to_pylist()[0]
+    assert tuned["init_sha256"] == row["weights_sha256"] and tuned["model.init_from"] == f"pre/{row['trial_id']}"
+    code = main(["trial", str(base), f"model.init_from=pre/{row['trial_id']}", "model.hidden=32", "--store",
+                 str(tmp_path / "r"), "--study", "wrong"])
+    err = capsys.readouterr().err
+    assert code == 2 and "do not fit this trial's model" in err, err[-2000:]
+
+
+def test_the_checkpoint_enters_the_trial_id_by_content_not_by_path(sudoku_checkpoint):
+    import shutil
+
+    from study.config import trial_id
+    from study.spec.study import load_trial_file
+
+    folder, _, trial = sudoku_checkpoint
+    before = trial_id(load_trial_file(trial))
+    shutil.copytree(folder / "ckpt", folder / "moved" / "ckpt")
+    shutil.copy(trial, folder / "moved" / "read.yaml")
+    assert trial_id(load_trial_file(folder / "moved" / "read.yaml")) == before
+    blob = torch.load(folder / "moved" / "ckpt" / "step_1000", weights_only=True)
+    blob = {k: v + 1 if k.endswith("lm_head.weight") else v for k, v in blob.items()}
+    torch.save(blob, folder / "moved" / "ckpt" / "step_1000")
+    assert trial_id(load_trial_file(folder / "moved" / "read.yaml")) != before
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("model.hidden=32", "model.hidden=32 contradicts the checkpoint"),
+    ("model.init_from=null", "train.steps=0 trains nothing"),
+    ("model.init_from=trm:nope/step_1", "No such file or directory"),
+    ("task.size=6", "has shape (6, 16), the model wants (8, 16)"),  # the task's vocabulary is not the checkpoint's
+    ("model.carry.rule=infiloop", None),  # a carry rule on top of the checkpoint: accepted
+])
+def test_bad_checkpoint_reads_are_refused_in_one_line_before_any_trial(sudoku_checkpoint, override, needle, capsys):
+    from study.cli import main  # (in this process: the command line's one error boundary, without a start-up)
+
+    folder, _, trial = sudoku_checkpoint
+    code = main(["trial", str(trial), override, "--store", str(folder / "r")])
+    err = capsys.readouterr().err
+    if needle is None:
+        assert code == 0, err[-2000:]
+        return
+    assert code == 2 and needle in err and err.strip().count("\n") == 0, err
+    assert not (folder / "r").exists()  # nothing stored
