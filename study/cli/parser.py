@@ -4,6 +4,7 @@ function per command group."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from pathlib import Path
 
@@ -38,28 +39,22 @@ def count(least: int):
     return parse
 
 
-def positive(what: str):
-    """argparse type for a finite number > 0 (NaN and infinities are refused, as every number read here)."""
+def number(what: str, least: float = 0.0, strict: bool = True):
+    """argparse type for a finite number above `least` (strict) or at least `least`: NaN and infinities are refused,
+    as everywhere a number is read from the command line."""
     def parse(value: str) -> float:
         try:
             x = float(value)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
-        if not 0 < x < float("inf"):
-            raise argparse.ArgumentTypeError(f"{value} is not allowed; give {what} > 0 (a finite number)")
+        if not math.isfinite(x) or (x <= least if strict else x < least):
+            raise argparse.ArgumentTypeError(f"{value} is not allowed; give {what} {'>' if strict else '>='} "
+                                             f"{least:g} (a finite number)")
         return x
     return parse
 
 
-def seconds(value: str) -> float:
-    """argparse type for a finite, non-negative number of seconds."""
-    try:
-        s = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
-    if not 0 <= s < float("inf"):
-        raise argparse.ArgumentTypeError(f"{value} is not allowed; give seconds >= 0")
-    return s
+seconds = number("seconds", 0.0, strict=False)
 
 
 def add_store(sp: argparse.ArgumentParser, default: str | None = DEFAULT_STORE, help: str = STORE_HELP) -> None:
@@ -327,7 +322,7 @@ def add_pareto(tb: argparse.ArgumentParser) -> None:
     """`table pareto`'s options (its --metric is table compare's: the accuracy column to read)."""
     g = tb.add_argument_group("table pareto", "accuracy against test-time FLOPs per sample over every reading "
                               "(setting x depth, mean and 95%% CI over seeds): the readings no other beats on both")
-    g.add_argument("--budget", type=positive("a FLOPs budget"), metavar="FLOPS",
+    g.add_argument("--budget", type=number("a FLOPs budget"), metavar="FLOPS",
                    help="the most accurate reading that costs at most FLOPS "
                    "per sample (e.g. 2e8)")
     g.add_argument("--every-point", action="store_true", help="every reading, with a `front` column, not the front "
@@ -347,6 +342,6 @@ def add_compare(tb: argparse.ArgumentParser) -> None:
                        "deepest reading)")
     which.add_argument("--retention", action="store_true", help="compare retention (accuracy at 10x the training "
                        "depth over the peak), with a bootstrap CI as well")
-    g.add_argument("--half-width", type=positive("a half-width"), metavar="W",
+    g.add_argument("--half-width", type=number("a half-width"), metavar="W",
                    help="power: the seeds a CI of half-width W needs, from "
                    "these pairs' spread (seeds_for_half_width)")
