@@ -5,7 +5,7 @@ outer cycle, ~7M parameters, as a released checkpoint of them is) on 9x9 Sudoku,
 not depend on their values), and times rollouts without gradient: seconds per 1,000 executed layers at each batch
 size, after one warm-up rollout. The last line printed is JSON.
 
-  python bench/published.py                  # batch 1 and 64, 1,008 layers each
+  python bench/published.py                  # one puzzle at a time, 1,008 layers per model
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ SPECS = {"trm_att": "search_spaces/paper/trm_att.yaml", "trm_mlp": "search_space
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 64])
+    ap.add_argument("--batches", type=int, nargs="+", default=[1])
     ap.add_argument("--cycles", type=int, default=72, help="outer cycles per timed rollout (72 x 14 = 1,008 layers)")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     args = ap.parse_args()

@@ -144,13 +144,16 @@ def three_node_cluster():
         local_cluster("stop", "--port", port)
 
 
+KILL_STEPS = 300  # the node dies at the first checkpoint Ray Train registers (step 20 or 40): mid-training
+
+
 @pytest.mark.ray
 def test_a_two_worker_trial_resumes_from_its_checkpoint_when_a_worker_node_dies(three_node_cluster, tmp_path):
     spec = tmp_path / "dp_kill.yaml"
     spec.write_text(SPEC.read_text().replace("name: dp", "name: dp_kill")
                     .replace("    - {name: progressive, train.n_sup: 1, train.progressive: 0.5, model.grad_steps: 3}\n",
                              "")
-                    .replace("steps: 8,", "steps: 600,").replace("log_every: 2, checkpoint_every: 2}",
+                    .replace("steps: 8,", f"steps: {KILL_STEPS},").replace("log_every: 2, checkpoint_every: 2}",
                                                                   "log_every: 40, checkpoint_every: 20}")
                     .replace("  seeds: [0]", "  seeds: [0]\n  max_failures: 2"))
     driver = subprocess.Popen([sys.executable, "-m", "study.cli", "run", str(spec), "--address",
@@ -176,12 +179,12 @@ def test_a_two_worker_trial_resumes_from_its_checkpoint_when_a_worker_node_dies(
     root = str(tmp_path / "r")
     assert_rows_once(root, "dp_kill", 1)
     trial = Store(root).read("trials", "dp_kill").to_pylist()[0]
-    assert trial["status"] == "complete" and trial["step"] == 600 and trial["workers"] == 2
+    assert trial["status"] == "complete" and trial["step"] == KILL_STEPS and trial["workers"] == 2
     reports = [json.loads(line) for f in results() for line in f.open()]
     resumed = {r["resumed_step"] for r in reports if r.get("resumed_step") is not None}
     assert resumed and min(resumed) > 0, "the trial started again from step 0"  # from its last checkpoint
     curve = pl.from_arrow(Store(root).read("train_curve", "dp_kill"))
-    assert curve["step"].is_unique().all() and curve["step"].max() == 600
+    assert curve["step"].is_unique().all() and curve["step"].max() == KILL_STEPS
 
 
 def spec_with(tmp_path: Path, *changes: tuple[str, str]) -> Path:
