@@ -114,7 +114,7 @@ def test_without_positions_the_model_reads_longer_strings_and_the_conv_follows_t
     assert model.pos is None
     assert model.logits(model.rollout(torch.randint(1, 3, (2, 40)), 2)).shape == (2, 40, 3)
     learned = tiny_model(pos="learned")
-    with pytest.raises(ValueError, match="model.pos=none to read longer inputs"):
+    with pytest.raises(ValueError, match="use model.pos=none or rope to read longer inputs"):
         learned.rollout(torch.randint(1, 3, (2, 9)), 1)
 
 
