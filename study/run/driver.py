@@ -11,7 +11,6 @@ the last checkpoint when its node died (FailureConfig). `resume` restores a dead
 
 from __future__ import annotations
 
-import copy
 import shlex
 import time
 from dataclasses import dataclass
@@ -98,14 +97,14 @@ def optuna_study(study: Study, root: str, verbose: bool = False) -> OptunaStudy:
 def settled_sample(study: Study, store: Store, params: dict[str, Any]) -> tuple[str, list[float]] | None:
     """(trial id, objective values) of an Optuna sample whose trial is complete in the store, else None: a sample
     left RUNNING by a driver that stopped after its trial finished, before Tune told the searcher."""
-    from study.config import build_trial, set_dotted
-    from study.run.trainable import stored_metrics
+    from study.run.trainable import stored_metrics, trial_config
 
-    data = copy.deepcopy({**study.spec.base(), "seed": study.spec.sweep.seeds[0]})  # (set_dotted writes in place)
-    for key, value in params.items():  # Tune hands OptunaSearch the picks under the config key "searched"
-        set_dotted(data, key.removeprefix("searched/"), value)
+    # the config the trial was given, built the one way a trial builds it (Tune hands OptunaSearch the picks under
+    # the config key "searched")
+    tune_config = {"study": study.name, "trial": {**study.spec.base(), "seed": study.spec.sweep.seeds[0]},
+                   "searched": {key.removeprefix("searched/"): value for key, value in params.items()}}
     try:
-        tid = trial_id(build_trial(data, study.source))
+        tid = trial_id(trial_config(tune_config))
     except ConfigError:
         return None
     if not store.is_complete(study.name, tid):
