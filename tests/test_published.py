@@ -122,8 +122,9 @@ def trm_tensors(kind: str, mlp_t: bool, hidden: int, prefix: int, vocab: int, se
     return t
 
 
-def reference_logits(t, kind, mlp_t, heads, prefix, H, L, tokens, n_sup):
-    """TRM's and HRM's forward as shared/spec/reference_models.md states it, on the raw tensors."""
+def reference_logits(t, kind, mlp_t, heads, prefix, H, L, tokens, n_sup, with_q=False):
+    """TRM's and HRM's forward as shared/spec/reference_models.md states it, on the raw tensors: the logits after
+    each supervision step (with_q: (logits, the Q head's (halt, continue) logits) per step)."""
     B, S = tokens.shape
     d = t["embed_tokens.embedding_weight"].shape[1]
 
@@ -173,7 +174,8 @@ def reference_logits(t, kind, mlp_t, heads, prefix, H, L, tokens, n_sup):
             for _ in range(L):
                 zL = level("L", zL, zH + x)
             zH = level("H" if kind == "hrm" else "L", zH, zL)
-        out.append((zH @ t["lm_head.weight"].T)[:, prefix:])
+        logits = (zH @ t["lm_head.weight"].T)[:, prefix:]
+        out.append((logits, zH[:, 0] @ t["q_head.weight"].T + t["q_head.bias"]) if with_q else logits)
     return out
 
 
@@ -224,6 +226,23 @@ def test_a_trm_format_checkpoint_reads_into_the_reasoner_with_the_reference_logi
     for n_sup in (1, 2, 4, 16, 40):  # supervision steps: H outer cycles each, the state carried on
         got = model.logits(model.rollout(tokens, n_sup * H))
         assert torch.allclose(got, want[n_sup - 1], atol=1e-4, rtol=0), (n_sup, (got - want[n_sup - 1]).abs().max())
+
+
+def test_the_newer_training_state_format_reads_the_emas_weights_over_the_models(tmp_path):
+    tensors = trm_tensors("trm", False, 16, 4, 11, 9, {"L": 2})
+    prefix = "_orig_mod.model.inner."
+    model = {prefix + k: v for k, v in tensors.items()}
+    ema = {prefix + k: v + 1 for k, v in tensors.items() if k not in ("H_init", "L_init", "puzzle_emb.weights")}
+    param = torch.nn.Parameter(torch.zeros(3))
+    opt = torch.optim.AdamW([param])
+    param.grad = torch.ones(3)
+    opt.step()
+    torch.save({"model": model, "optimizers": [opt.state_dict()], "step": 1000, "ema_helper": ema},
+               tmp_path / "step_1000")
+    read = read_tensors(tmp_path / "step_1000")
+    assert set(read) == set(tensors)
+    assert torch.equal(read["lm_head.weight"], tensors["lm_head.weight"] + 1)  # the EMA's parameter
+    assert torch.equal(read["H_init"], tensors["H_init"])  # a buffer: the model's
 
 
 @pytest.fixture

@@ -8,7 +8,8 @@ from study.config import CarryConfig, EvalConfig, ModelConfig, TaskConfig, Train
 from study.evaluate import evaluate
 from study.models.reasoner import build_reasoner
 from study.tasks.loader import load_task
-from study.trial.train import Trainer, seed_everything, stablemax_log_probs
+from study.trial.loss import stablemax_log_probs
+from study.trial.train import Trainer, seed_everything
 
 
 def make_trainer(task, train_cfg, model_cfg, seed=0):

@@ -30,6 +30,8 @@ ADDED_LATER: dict[tuple[str, str], Any] = {
     ("model", "mixer"): "attention", ("model", "h_layers"): None, ("model", "swiglu_multiple"): None,
     ("model", "init"): "torch", ("model", "init_states"): "learned", ("model", "head_norm"): True,
     ("model", "puzzle_prefix"): 0, ("model", "q_head"): False, ("model", "init_from"): None,
+    ("model", "inner_grad_steps"): None, ("train", "optimizer"): "adamw", ("train", "weight_decay_on"): "matrices",
+    ("train", "act"): "off", ("train", "halt_exploration"): 0.1,
 }
 
 

@@ -124,6 +124,9 @@ class ModelConfig:
     # inner cycles per outer cycle (nested only)
     L: Annotated[int, Bound(ge=1)] = 6
     grad_steps: Annotated[int, Bound(ge=1)] = 1
+    # inner cycles of each graded outer cycle that get gradient (nested only; null: all L, as TRM; 1: HRM's
+    # one-step gradient, through the last inner update and the outer update only)
+    inner_grad_steps: Annotated[int, Bound(ge=1)] | None = None
     recall: bool = True
     # learned absolute positions, none (the conv's locality alone orders tokens), or rotary (TRM's and HRM's RoPE,
     # theta 10000, on queries and keys)
@@ -158,6 +161,9 @@ class ModelConfig:
                              f"{self.layers_per_update} layers per update; at most {MAX_DEPTH_LAYERS} are allowed")
         if self.grad_steps > self.H:
             raise ValueError(f"model.grad_steps={self.grad_steps} is not allowed; it must be <= model.H={self.H}")
+        if self.inner_grad_steps is not None and self.inner_grad_steps > self.L:
+            raise ValueError(f"model.inner_grad_steps={self.inner_grad_steps} is not allowed; it must be <= "
+                             f"model.L={self.L}")
         if self.hidden % self.heads:
             raise ValueError(f"model.hidden={self.hidden} must be divisible by model.heads={self.heads}")
         if self.residual_scaling and self.norm != "pre":
@@ -212,16 +218,29 @@ class TrainConfig:
     steps: Annotated[int, Bound(ge=0, most=10_000_000)] = 600  # 0: read model.init_from's weights only
     # training samples per batch
     batch_size: Annotated[int, Bound(ge=1, most=1_000_000)] = 64
-    # AdamW's peak learning rate (after the linear warmup)
+    # the model's optimizer: AdamW, or TRM's Adam-atan2 (no epsilon; study/trial/adam_atan2.py)
+    optimizer: Literal["adamw", "adam_atan2"] = "adamw"
+    # the optimizer's peak learning rate (after the linear warmup)
     lr: Annotated[float, Bound(gt=0)] = 1e-3
-    # AdamW's weight decay on the weight matrices
+    # the optimizer's decoupled weight decay
     weight_decay: Annotated[float, Bound(ge=0)] = 0.1
-    # AdamW's (beta1, beta2)
+    # which parameters decay: the weight matrices (vectors, scalars and the carry rules' own exempt), or all (TRM)
+    weight_decay_on: Literal["matrices", "all"] = "matrices"
+    # the optimizer's (beta1, beta2)
     betas: Annotated[tuple[float, float], Bound(ge=0, lt=1)] = (0.9, 0.95)
     # optimizer steps of linear learning-rate warmup
     warmup: Annotated[int, Bound(ge=0)] = 50
-    # deep-supervision updates per batch, an optimizer step after each
+    # deep-supervision updates per batch, an optimizer step after each (with train.act: the most a sample gets,
+    # TRM's halt_max_steps)
     n_sup: Annotated[int, Bound(ge=1, most=1_024)] = 4
+    # TRM's ACT (study/trial/act.py): each sample keeps its state across optimizer steps until the Q head halts it
+    # (no_continue: q_halt > 0, TRM; continue: q_halt > q_continue with its Q-learning target, HRM), then a fresh
+    # sample takes its place; the loss adds 0.5 x the Q head's BCE. off: every batch gets n_sup updates. Needs
+    # model.q_head
+    act: Literal["off", "no_continue", "continue"] = "off"
+    # ACT's exploration: the probability that a sample draws a minimum number of updates (2 .. n_sup) before it may
+    # halt
+    halt_exploration: Annotated[float, Bound(ge=0, le=1)] = 0.1
     # gradient norm clip on the model's parameters (0: none)
     grad_clip: Annotated[float, Bound(ge=0)] = 1.0
     # decay of the weights' exponential moving average, which the evaluation reads
@@ -240,7 +259,7 @@ class TrainConfig:
     # --checkpoints`; 0: only the final weights
     keep_checkpoints: Annotated[int, Bound(ge=0)] = 0
     progressive: Annotated[float, Bound(ge=0, le=1)] = 0.0
-    # ARC's puzzle embedding (study/trial/puzzle_optim.py): TRM's sparse sign-SGD (lr 1e-2, weight decay 0.1) on
+    # ARC's puzzle embedding (study/trial/optimizers.py): TRM's sparse sign-SGD (lr 1e-2, weight decay 0.1) on
     # the rows a batch used, or AdamW in a group of its own; puzzle_lr is the peak of the model's warmup schedule
     puzzle_optimizer: Literal["sign_sgd", "adamw"] = "sign_sgd"
     puzzle_lr: Annotated[float, Bound(gt=0)] = 1e-2  # the puzzle embedding's peak learning rate
@@ -345,6 +364,7 @@ class TrialConfig:
     def __post_init__(self):
         if self.train.steps == 0 and self.model.init_from is None:
             raise ValueError("train.steps=0 trains nothing: it reads model.init_from's weights, and needs it")
+        self.check_act()
         # depth targets must be whole outer cycles of the *evaluated* model: fail before training starts
         self.eval.resolved_depths(self.eval.model_config(self.model))
         spec = TASKS[self.task.name].spec(self.task)
@@ -359,3 +379,17 @@ class TrialConfig:
             raise ValueError(f"eval.n_test={self.eval.n_test} is not allowed; the task has task.n_test="
                              f"{self.task.n_test} test samples")
 
+    def check_act(self) -> None:
+        """train.act's needs: a Q head to halt with, and a state every sample can carry at its own step."""
+        act = self.train.act
+        if act == "off":
+            return
+        if not self.model.q_head:
+            raise ValueError(f"train.act={act} halts samples with TRM's Q head; set model.q_head=true")
+        if self.train.progressive:
+            raise ValueError(f"train.act={act} and train.progressive={self.train.progressive} both decide how many "
+                             "updates a sample gets; set train.progressive=0")
+        axes = ("flat",) if self.model.kind == "flat" else ("inner", "outer")
+        if any(self.model.carry.rule_for(a) == "full_attnres" for a in axes):
+            raise ValueError(f"train.act={act} carries samples at different steps in one batch, and "
+                             "full_attnres's candidate list has one length per batch; use another model.carry.rule")

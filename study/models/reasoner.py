@@ -232,10 +232,14 @@ class NestedReasoner(Reasoner):
         y = state.outer.h
         inner = self.carry_inner.start(state.inner.h) if self.cfg.carry.reset_inner else state.inner
         x = self.injected(x)
-        for i in range(self.cfg.L):
+        L, graded = self.cfg.L, self.cfg.inner_grad_steps or self.cfg.L
+        grad_on = torch.is_grad_enabled()
+        for i in range(L):
             inp = inner.h + y if x is None else inner.h + y + x
-            # From the second inner step on, `inner` is this loop's own: the step may overwrite it.
-            inner = self.carry_inner.step(inner, self.block(inp), eta, in_place=i > 0)
+            # model.inner_grad_steps: only the last inner steps keep gradient (HRM's one-step gradient: 1)
+            with torch.set_grad_enabled(grad_on and i >= L - graded):
+                # From the second inner step on, `inner` is this loop's own: the step may overwrite it.
+                inner = self.carry_inner.step(inner, self.block(inp), eta, in_place=i > 0)
         cand = (self.h_block if self.h_block is not None else self.block)(y + inner.h)
         residual = relative_residual(y, cand, self.cfg.halting.eps)
         outer = self.carry_outer.step(state.outer, cand, eta)

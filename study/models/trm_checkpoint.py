@@ -46,6 +46,8 @@ def read_tensors(path: Path) -> dict[str, torch.Tensor]:
     except Exception as e:  # not a torch file at all
         raise CheckpointError(f"checkpoint {path} is not a torch state dict ({type(e).__name__}: "
                               f"{(str(e).splitlines() or [''])[0][:160]})") from None
+    if isinstance(data, dict) and isinstance(data.get("model"), dict):
+        data = training_state_weights(data)
     if not isinstance(data, dict) or not data or not all(isinstance(v, torch.Tensor) for v in data.values()):
         raise CheckpointError(f"checkpoint {path} is not a state dict (a mapping of names to tensors)")
     out = {}
@@ -55,6 +57,17 @@ def read_tensors(path: Path) -> dict[str, torch.Tensor]:
             name = name.removeprefix(prefix)
         out[name] = value.float()
     return out
+
+
+def training_state_weights(data: dict) -> dict:
+    """The weights of pretrain.py's newer checkpoint format ({"model", "optimizers", "step", "ema_helper"}): the
+    model's, with the EMA's parameters over them where it kept them (the weights TRM's own evaluation reads; its
+    buffers, the initial states and the puzzle embedding, are the model's)."""
+    weights = dict(data["model"])
+    shadow = data.get("ema_helper")
+    if isinstance(shadow, dict):
+        weights.update({k: v for k, v in shadow.items() if k in weights and isinstance(v, torch.Tensor)})
+    return weights
 
 
 def read_arch(path: Path) -> tuple[str, dict[str, Any]]:

@@ -7,7 +7,7 @@ r*B/N .. (r+1)*B/N). Its loss is its rows' summed cell loss over the global batc
 gradients add up to the one-worker gradient of the mean. Then one exchange per update:
 
 - the model's dense gradients: all-reduces (sum) of flattened buckets, each launched while backward still runs;
-- ARC's puzzle embedding under sign-SGD (study.trial.puzzle_optim): rows only. Each worker's sparse gradient names
+- ARC's puzzle embedding under sign-SGD (study.trial.optimizers): rows only. Each worker's sparse gradient names
   the few hundred rows its batch used; the workers all-gather those ids and row gradients and sum repeated rows, so
   the 730,155-row table is never reduced densely.
 

@@ -1,12 +1,13 @@
 """Training (methods.md section 5): deep supervision, truncated BPTT, AdamW with warmup (ARC's puzzle embedding:
-its own optimizer, study.trial.puzzle_optim), EMA, checkpoints.
+its own optimizer, study.trial.optimizers), EMA, checkpoints.
 
 Each batch is supervised `n_sup` times: one update (H steps, gradient through the last `grad_steps`), a loss on
 the logits, one optimizer step, then the loop state is detached and carried into the next update. Deep Thinking's
 training is n_sup 1 with grad_steps = H (the loss at the last iteration, gradient through every one), optionally
-mixed with its progressive loss (train.progressive). A checkpoint
-holds model, optimizer, EMA, every RNG and the step, and is taken between batches, so a resumed run continues
-exactly as an uninterrupted one.
+mixed with its progressive loss (train.progressive). With train.act (TRM's ACT, study.trial.act) a batch is one
+optimizer step instead: each sample keeps its state from step to step until the Q head halts it. A checkpoint holds
+model, optimizer, EMA, every RNG, the step and ACT's carried batch, and is taken between batches, so a resumed run
+continues exactly as an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from study.config import TrainConfig
 from study.errors import TrainingError
@@ -29,28 +29,10 @@ from study.paths import atomic_target
 from study.rows import TrainLog
 from study.tasks import IGNORE, Split, accuracies
 from study.tasks.loader import Task
+from study.trial import act
 from study.trial.data_parallel import DataParallel
-from study.trial.puzzle_optim import optimizers
-
-
-def stablemax_log_probs(logits: torch.Tensor) -> torch.Tensor:
-    """TRM's stablemax: s(x) = x + 1 for x >= 0, 1 / (1 - x) otherwise; log(s / sum s)."""
-    s = torch.where(logits >= 0, logits + 1, 1 / (1 - logits))
-    return torch.log(s / s.sum(-1, keepdim=True))
-
-
-def cell_loss(logits: torch.Tensor, labels: torch.Tensor, kind: str, scored: int | None = None) -> torch.Tensor:
-    """The mean loss over the scored cells; with `scored` (a data-parallel worker's rows: study.trial.data_parallel),
-    the rows' summed loss over that many cells of the global batch."""
-    logits = logits.float().flatten(0, 1)
-    labels = labels.flatten()
-    reduction = "mean" if scored is None else "sum"
-    if kind == "stablemax":
-        loss = F.nll_loss(stablemax_log_probs(logits.double()).float(), labels, ignore_index=IGNORE,
-                          reduction=reduction)
-    else:
-        loss = F.cross_entropy(logits, labels, ignore_index=IGNORE, reduction=reduction)
-    return loss if scored is None else loss / max(scored, 1)
+from study.trial.loss import act_loss, cell_loss
+from study.trial.optimizers import optimizers
 
 
 def lr_at(cfg: TrainConfig, step: int) -> float:
@@ -101,7 +83,7 @@ class Trainer:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         self.model.to(self.device)
-        self.opt, self.puzzle_opt = optimizers(model, cfg)  # ARC's puzzle embedding has its own (puzzle_optim.py)
+        self.opt, self.puzzle_opt = optimizers(model, cfg)  # ARC's puzzle table: its own
         # clipped in the model's own order (the norm's float sum depends on it): the puzzle table is not clipped
         table = self.model.puzzle.weight if getattr(self.model, "puzzle", None) is not None else None
         self.clipped = [p for p in self.model.parameters() if p is not table]
@@ -109,6 +91,7 @@ class Trainer:
         self.exchange = parallel.exchange(list(self.model.parameters())) if parallel is not None else None
         self.ema = EMA(model, cfg.ema)
         self.data_rng = np.random.default_rng(seed)
+        self.carry: act.ActCarry | None = None  # train.act's carried batch
         self.step = 0
         self.batches = 0
         self.history: list[TrainLog] = []
@@ -122,6 +105,7 @@ class Trainer:
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
             "numpy_rng": np.random.get_state(), "python_rng": random.getstate(),
             "step": self.step, "batches": self.batches, "history": [vars(h) for h in self.history],
+            "act_carry": self.carry,
         }
 
     def load_state_dict(self, sd: dict) -> None:
@@ -137,6 +121,7 @@ class Trainer:
         np.random.set_state(sd["numpy_rng"])
         random.setstate(sd["python_rng"])
         self.step, self.batches = sd["step"], sd["batches"]
+        self.carry = sd.get("act_carry")
         self.history = [TrainLog(**h) for h in sd["history"]]
 
     def save(self, path: str | Path) -> None:
@@ -153,8 +138,10 @@ class Trainer:
         return self.task.augment(self.task.train.take(idx), self.data_rng)
 
     def train_batch(self) -> TrainLog:
-        """One batch: n_sup supervised updates, an optimizer step after each."""
+        """One batch: n_sup supervised updates, an optimizer step after each (with train.act: one ACT step)."""
         cfg, model = self.cfg, self.model
+        if cfg.act != "off":
+            return self.act_batch()
         model.train()
         batch, scored = self.next_batch(), None
         if self.parallel is not None:  # the global batch's scored cells, then this worker's rows of it
@@ -183,11 +170,7 @@ class Trainer:
         the global batch, (the loss, the exactly solved samples, the sum of per-sample cell accuracies). scored: see
         cell_loss."""
         cfg, model = self.cfg, self.model
-        for g in self.opt.param_groups:
-            g["lr"] = lr_at(cfg, self.step)
-        if self.puzzle_opt is not None:  # the same warmup, from its own peak
-            for g in self.puzzle_opt.param_groups:
-                g["lr"] = cfg.puzzle_lr * lr_at(cfg, self.step) / cfg.lr
+        self.set_lr()
         with autocast(cfg):
             x = model.embed(tokens)
             state = model.init_state(x) if state is None else state.detach()
@@ -197,6 +180,52 @@ class Trainer:
         loss = cell_loss(logits, labels, cfg.loss, scored)
         if prog is not None:
             loss = (1 - cfg.progressive) * loss + cfg.progressive * cell_loss(prog, labels, cfg.loss, scored)
+        return state, self.optimizer_step(loss, logits, labels)
+
+    def act_batch(self) -> TrainLog:
+        """One optimizer step of TRM's ACT (study.trial.act): halted rows take fresh samples, every row one update."""
+        cfg, model = self.cfg, self.model
+        model.train()
+        batch = self.next_batch()
+        minimum = act.exploration(self.data_rng, cfg, len(batch))
+        if self.parallel is not None:
+            rows = self.parallel.rows(len(batch))
+            batch, minimum = batch.take(rows), minimum[rows]
+        t0 = time.perf_counter()
+        carry = act.refill(self.carry, batch, self.device)
+        updates = carry.updates + 1
+        self.set_lr()
+        with autocast(cfg):
+            x = model.embed(carry.tokens)
+            state = model.update(x, act.start_state(model, x, carry))
+            logits = model.logits(state)
+            q_halt, q_continue = model.q_logits(state)
+            target = act.continue_target(model, x, state, updates, cfg) if cfg.act == "continue" else None
+        loss, _ = act_loss(logits, carry.labels, q_halt, q_continue, target, cfg.loss, cfg.batch_size)
+        loss_sum, exact_sum, cell_sum = self.optimizer_step(loss, logits, carry.labels)
+        minimum = torch.as_tensor(minimum, device=self.device)
+        halted = act.halts(updates, q_halt.detach(), q_continue.detach(), minimum, cfg)
+        self.carry = act.ActCarry(carry.tokens, carry.labels, state.detach(), updates, halted)
+        self.batches += 1
+        log = TrainLog(self.step, loss_sum, cell_sum / cfg.batch_size, exact_sum / cfg.batch_size,
+                       lr_at(cfg, self.step - 1), time.perf_counter() - t0)
+        self.history.append(log)
+        return log
+
+    def set_lr(self) -> None:
+        """The warmup schedule's learning rate for this step, on the model's optimizer and the puzzle table's."""
+        cfg = self.cfg
+        for g in self.opt.param_groups:
+            g["lr"] = lr_at(cfg, self.step)
+        if self.puzzle_opt is not None:  # the same warmup, from its own peak
+            for g in self.puzzle_opt.param_groups:
+                g["lr"] = cfg.puzzle_lr * lr_at(cfg, self.step) / cfg.lr
+
+    def optimizer_step(self, loss: torch.Tensor, logits: torch.Tensor,
+                       labels: torch.Tensor) -> tuple[float, float, float]:
+        """Backward, the gradient exchange, clipping, the optimizer and EMA steps; returns, over the global batch, (the
+        loss, the exactly solved samples, the sum of per-sample cell accuracies)."""
+        cfg, model = self.cfg, self.model
         exact, cell = accuracies(logits.detach().argmax(-1).cpu().numpy(), labels.cpu().numpy())
         values = [float(loss.detach()), float(exact.sum()), float(cell.sum())]
         # Summed over the workers while backward runs: the step waits for the sums once, with the gradients.
@@ -219,7 +248,7 @@ class Trainer:
             self.puzzle_opt.step()
         self.ema.update(model)
         self.step += 1
-        return state, tuple(values)
+        return tuple(values)
 
     def progressive_logits(self, x: torch.Tensor) -> torch.Tensor:
         """The logits Deep Thinking's progressive loss (train.progressive) scores: from a fresh state, n steps without

@@ -10,7 +10,7 @@ from study.config import TrainConfig, build_trial, trial_id
 from study.errors import ConfigError
 from study.spec import load_study
 from study.tasks.loader import load_task
-from study.trial.puzzle_optim import SparseSignSGD
+from study.trial.optimizers import SparseSignSGD
 from study.trial.train import Trainer
 
 from .conftest import REPO

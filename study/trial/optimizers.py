@@ -1,4 +1,5 @@
-"""How ARC's puzzle embedding is trained (train.puzzle_optimizer): as TRM trains it, by its own optimizer.
+"""A trial's optimizers: the model's (train.optimizer: AdamW, or TRM's Adam-atan2, study.trial.adam_atan2) and ARC's
+puzzle embedding's (train.puzzle_optimizer), which TRM trains by an optimizer of its own.
 
 The table has a row per puzzle version (730,155 x 512 at the papers' 1,000 versions: 374M parameters, 1.5 GB in
 fp32), and a batch uses a few hundred rows. `sign_sgd` (TRM's): the embedding hands back a sparse gradient (only the
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+
+from study.trial.adam_atan2 import AdamAtan2
 
 
 class SparseSignSGD(torch.optim.Optimizer):
@@ -40,15 +43,25 @@ def puzzle_table(model: nn.Module) -> nn.Embedding | None:
     return getattr(model, "puzzle", None)
 
 
+def model_optimizer(groups: list[dict], cfg) -> torch.optim.Optimizer:
+    """The model's optimizer over `groups` (train.optimizer): AdamW, or TRM's Adam-atan2."""
+    if cfg.optimizer == "adam_atan2":
+        return AdamAtan2(groups, lr=cfg.lr, betas=cfg.betas)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas)
+
+
 def optimizers(model: nn.Module, cfg) -> tuple[torch.optim.Optimizer, torch.optim.Optimizer | None]:
-    """(the model's AdamW, the puzzle embedding's optimizer or None): the table is in exactly one of them."""
+    """(the model's optimizer, the puzzle embedding's optimizer or None): the table is in exactly one of them.
+    train.weight_decay_on all puts every parameter in one decayed group, as TRM does."""
     table = puzzle_table(model)
     groups = model.param_groups(cfg.weight_decay)
+    if cfg.weight_decay_on == "all":
+        groups = [{"params": [p for g in groups for p in g["params"]], "weight_decay": cfg.weight_decay}]
     if table is None:
-        return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas), None
+        return model_optimizer(groups, cfg), None
     for g in groups:
         g["params"] = [p for p in g["params"] if p is not table.weight]
-    main = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas)
+    main = model_optimizer(groups, cfg)
     if cfg.puzzle_optimizer == "sign_sgd":
         table.sparse = True  # its backward hands back the batch's rows only
         return main, SparseSignSGD([table.weight], lr=cfg.puzzle_lr, weight_decay=cfg.puzzle_weight_decay)
