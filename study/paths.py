@@ -10,6 +10,7 @@ every listing passes over. On an object store the write is a single PUT, visible
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import tempfile
 import urllib.parse
@@ -125,3 +126,30 @@ def write_bytes(final: str, data: bytes, fs: pafs.FileSystem | None = None) -> N
     fs = fs or pafs.LocalFileSystem()
     with atomic_target(final, fs) as tmp, fs.open_output_stream(tmp) as out:
         out.write(data)
+
+
+def local_copy(location: str, *siblings: str) -> str:
+    """A path on this machine holding the file `location` names: the path itself, or for an object-store URI a copy
+    in this machine's cache (machine_cache()/fetched/, one folder per object version: URI, size and modification
+    time), fetched once, with the `siblings` of its folder that exist copied beside it. StoreError (one line) when
+    the object is not there."""
+    if not is_uri(location):
+        return location
+    uri = normalized_uri(location)
+    fs, key = pafs.FileSystem.from_uri(uri)
+    info = fs.get_file_info(key)
+    if info.type != pafs.FileType.File:
+        raise StoreError(f"{redacted(location)}: no such object")
+    tag = hashlib.sha256(f"{redacted(uri)}|{info.size}|{info.mtime_ns}".encode()).hexdigest()[:16]
+    name = key.rsplit("/", 1)[-1]
+    folder = machine_cache() / "fetched" / tag
+    target = folder / name
+    if not target.is_file():
+        parent = key.rsplit("/", 1)[0]
+        local = pafs.LocalFileSystem()
+        # the siblings first: the named file's presence says the folder is complete
+        for source, dest in [*((f"{parent}/{s}", s) for s in siblings), (key, name)]:
+            if fs.get_file_info(source).type == pafs.FileType.File:
+                with atomic_target(str(folder / dest)) as tmp:
+                    pafs.copy_files(source, tmp, source_filesystem=fs, destination_filesystem=local)
+    return str(target)

@@ -395,3 +395,32 @@ def test_bad_checkpoint_reads_are_refused_in_one_line_before_any_trial(sudoku_ch
         return
     assert code == 2 and needle in err and err.strip().count("\n") == 0, err
     assert not (folder / "r").exists()  # nothing stored
+
+
+def test_an_arc_checkpoint_is_refused_in_one_line_for_its_builders_puzzle_numbering(tmp_path, capsys):
+    from study.cli import main
+
+    tensors = trm_tensors("trm", False, 16, 4, 12, 16, {"L": 1}, puzzles=40)
+    arch = {"name": ARCH_NAMES["trm"], "num_heads": 2, "expansion": 4, "H_cycles": 2, "L_cycles": 2, "L_layers": 1,
+            "H_layers": 0, "pos_encodings": "rope", "puzzle_emb_ndim": 16, "puzzle_emb_len": 4}
+    write_checkpoint(tmp_path / "ckpt", tensors, arch)
+    trial = tmp_path / "read.yaml"
+    trial.write_text("task: {name: arc, size: 4}\nmodel: {init_from: 'trm:ckpt/step_1000'}\ntrain: {steps: 0}\n")
+    assert main(["trial", str(trial), "--store", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "40 puzzle-embedding rows" in err and "identifiers.json" in err and err.strip().count("\n") == 0, err
+    assert not (tmp_path / "r").exists()
+
+
+def test_maze_tokens_are_trms_maze_builder_encoding():
+    from study.tasks import maze
+
+    trm = {c: i + 1 for i, c in enumerate("# SGo")}  # build_maze_dataset.py: '# SGo' -> 1..5, 0 pad
+    assert (maze.WALL, maze.OPEN, maze.START, maze.GOAL, maze.PATH) == tuple(trm[c] for c in "# SGo")
+    assert maze.TASK.spec(maze_config(30)).vocab == 6 and maze.TASK.spec(maze_config(30)).seq_len == 900
+
+
+def maze_config(size):
+    from study.tasks import TaskConfig
+
+    return TaskConfig(name="maze", size=size, min_path=10)

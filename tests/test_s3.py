@@ -132,3 +132,40 @@ def test_a_store_uri_loopstudy_cannot_serve_is_one_line_within_seconds(uri, says
 def test_credentials_in_a_store_uri_are_never_printed():
     proc = loopstudy("ls", "--store", "gs://user:hunter2@b/p?secret_key=hunter3", env={}, timeout=30)
     assert proc.returncode == 2 and "hunter" not in proc.stderr and "***" in proc.stderr, proc.stderr
+
+
+def test_a_trm_checkpoint_on_s3_is_read_at_depth_from_each_machines_cached_copy(s3_env, tmp_path, request):
+    import hashlib
+
+    import pyarrow.fs as pafs
+    import yaml
+
+    from .test_published import ARCH_NAMES, trm_tensors, write_checkpoint
+
+    tensors = trm_tensors("trm", False, 16, 4, 6, 16, {"L": 1})
+    arch = {"name": ARCH_NAMES["trm"], "num_heads": 2, "expansion": 4, "H_cycles": 2, "L_cycles": 2, "L_layers": 1,
+            "H_layers": 0, "pos_encodings": "rope", "puzzle_emb_ndim": 16, "puzzle_emb_len": 4}
+    local = write_checkpoint(tmp_path / "ckpt", tensors, arch)
+    uri = s3_env["uri"].format(prefix=request.node.name)
+    fs, key = pafs.FileSystem.from_uri(uri.replace("?", "/step_1000?"))
+    env = {**s3_env["env"], "LOOPSTUDY_CACHE": str(tmp_path / "cache")}
+    for name in ("step_1000", "all_config.yaml"):
+        with fs.open_output_stream(key.rsplit("/", 1)[0] + "/" + name) as out:
+            out.write((local.parent / name).read_bytes())
+    trial = tmp_path / "read.yaml"
+    init = "trm:" + uri.replace("?", "/step_1000?")
+    trial.write_text(yaml.safe_dump({"task": {"name": "sudoku", "size": 4, "n_train": 32, "n_test": 16},
+                                     "model": {"init_from": init}, "train": {"steps": 0},
+                                     "eval": {"depths": [6, 60]}}))
+    proc = loopstudy("trial", str(trial), "--store", str(tmp_path / "r"), env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    row = Store(tmp_path / "r").read("trials", "adhoc").to_pylist()[0]
+    assert row["init_sha256"] == hashlib.sha256(local.read_bytes()).hexdigest()
+    assert row["model.init_from"].startswith("trm:s3://loopstudy/") and row["model.puzzle_prefix"] == 4
+    fetched = list((tmp_path / "cache" / "fetched").glob("*/*"))
+    assert sorted(p.name for p in fetched) == ["all_config.yaml", "step_1000"]
+    missing = init.replace("step_1000", "step_2000")
+    trial.write_text(trial.read_text().replace(init, missing))
+    proc = loopstudy("trial", str(trial), "--store", str(tmp_path / "r"), env=env)
+    assert proc.returncode != 0 and "no such object" in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

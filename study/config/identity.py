@@ -11,7 +11,7 @@ import json
 import os
 from typing import Any
 
-from study.config.init_from import trm_path
+from study.config.init_from import checkpoint_file, trm_path
 from study.config.schema import TrialConfig
 from study.errors import ConfigError
 
@@ -92,7 +92,7 @@ def trial_id(cfg: TrialConfig, leave_out: tuple[str, ...] = ()) -> str:
             d[section][name] = "sha256:" + file_digest(d[section][name])
     checkpoint = trm_path(d["model"].get("init_from"))
     if checkpoint:  # an imported checkpoint enters by content, as data files do
-        d["model"]["init_from"] = "trm:sha256:" + file_digest(checkpoint)
+        d["model"]["init_from"] = "trm:sha256:" + file_digest(checkpoint_file(checkpoint))
     for (section, name), before in ADDED_LATER.items():
         if d[section].get(name, before) == before:
             d[section].pop(name, None)

@@ -1,13 +1,16 @@
 """`model.init_from`'s two forms, read (torch-free; what they load and how: study.trial.start):
 
-- `trm:PATH`: a checkpoint written by TinyRecursiveModels' (or HRM's) pretrain.py; its sha256, not its path, is
-  part of the trial's identity (study.config.identity), as a task data file's is.
+- `trm:PATH`: a checkpoint written by TinyRecursiveModels' (or HRM's) pretrain.py, TRM_CONFIG beside it; PATH is a
+  local path (shared by the nodes) or an object-store URI as `--store` takes, which each machine reads from a copy
+  in its cache (`checkpoint_file`). Its sha256, not its path, is part of the trial's identity
+  (study.config.identity), as a task data file's is.
 - `STUDY/TRIAL_ID`: another study's stored weights in the same store (fine-tuning from them).
 """
 
 from __future__ import annotations
 
 TRM = "trm:"
+TRM_CONFIG = "all_config.yaml"  # the run's config that pretrain.py writes beside its checkpoints
 
 
 def trm_path(value: str | None) -> str | None:
@@ -21,3 +24,16 @@ def stored_trial(value: str | None) -> tuple[str, str] | None:
         return None
     study, tid = value.split("/")
     return (study, tid) if study and tid else None
+
+
+def checkpoint_file(path: str) -> str:
+    """A local path of the `trm:` checkpoint `path` names, TRM_CONFIG beside it (an object-store URI: fetched into
+    this machine's cache once per object version)."""
+    from study.errors import ConfigError, StoreError
+    from study.paths import local_copy
+
+    try:
+        return local_copy(path, TRM_CONFIG)
+    except (StoreError, OSError) as e:
+        raise ConfigError(f"model.init_from {TRM}{path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") \
+            from None

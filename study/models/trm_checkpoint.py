@@ -18,11 +18,11 @@ from typing import Any
 
 import torch
 
+from study.config.init_from import TRM_CONFIG
 from study.errors import ConfigError
 
 ARCHS = {"TinyRecursiveReasoningModel_ACTV1": "trm", "HierarchicalReasoningModel_ACTV1": "hrm"}
 PREFIXES = ("_orig_mod.", "model.inner.")  # torch.compile's, then the loss head's and the ACT wrapper's
-CONFIG_FILE = "all_config.yaml"
 
 
 class CheckpointError(ConfigError):
@@ -74,9 +74,9 @@ def read_arch(path: Path) -> tuple[str, dict[str, Any]]:
     """('trm' or 'hrm', the `arch` section) from the all_config.yaml beside the checkpoint."""
     import yaml
 
-    config = path.parent / CONFIG_FILE
+    config = path.parent / TRM_CONFIG
     if not config.is_file():
-        raise CheckpointError(f"checkpoint {path}: no {CONFIG_FILE} beside it (pretrain.py writes the run's config "
+        raise CheckpointError(f"checkpoint {path}: no {TRM_CONFIG} beside it (pretrain.py writes the run's config "
                               "there; it says which architecture the tensors are)")
     try:
         arch = (yaml.safe_load(config.read_text()) or {}).get("arch") or {}

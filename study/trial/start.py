@@ -3,7 +3,8 @@
 - trm:PATH: a TinyRecursiveModels / HRM checkpoint (study.models.trm_checkpoint). Before the trials are built
   (`resolve_init_from`, from the spec or trial file) the model keys a spec leaves out come from the checkpoint's
   config and its tensors' shapes, and a key the spec sets that contradicts them is refused, naming both values;
-  PATH is made absolute against the spec's folder, as task data files are. Then every trial's model is checked to
+  PATH is made absolute against the spec's folder, as task data files are; an object-store URI is read from a copy
+  in each machine's cache (study.config.init_from.checkpoint_file). Then every trial's model is checked to
   take every tensor in its shape (`check_init_from`), before any trial starts. The carry rules' own parameters,
   which TRM has none of, keep their fresh init.
 - STUDY/TRIAL_ID: that trial's stored final weights in the same store, checked against the hash its row keeps.
@@ -21,21 +22,29 @@ from typing import Any
 
 from study.config import TrialConfig
 from study.config.identity import file_digest
-from study.config.init_from import TRM, stored_trial, trm_path
+from study.config.init_from import TRM, checkpoint_file, stored_trial, trm_path
 from study.errors import ConfigError
+from study.paths import is_uri, normalized_uri, redacted
 
 
 @functools.lru_cache(maxsize=8)
 def _read(path: str, size: int, mtime_ns: int) -> tuple[str, dict[str, Any]]:
-    from study.models.trm_checkpoint import published_keys, read_arch, read_tensors
+    from study.models.trm_checkpoint import CheckpointError, published_keys, read_arch, read_tensors, shape_facts
 
     tensors = read_tensors(Path(path))
     kind, arch = read_arch(Path(path))
-    return kind, published_keys(kind, arch, tensors, path)
+    keys = published_keys(kind, arch, tensors, path)
+    rows = shape_facts(tensors)["puzzles"]
+    if rows > 1:  # Sudoku and Maze have one identifier (0); ARC's follow its builder's identifiers.json
+        raise CheckpointError(f"checkpoint {path} has {rows} puzzle-embedding rows (an ARC model): they are numbered "
+                              "by the dataset builder's identifiers.json, which loopstudy does not map onto its own "
+                              "ARC puzzle versions, so its logits would read other puzzles' rows; refused")
+    return kind, keys
 
 
 def checkpoint_facts(path: str) -> tuple[str, dict[str, Any]]:
     """('trm' or 'hrm', the model keys the checkpoint implies), read once per file version."""
+    path = checkpoint_file(path)
     try:
         st = os.stat(path)
     except OSError as e:
@@ -50,15 +59,19 @@ def resolve_init_from(data: dict[str, Any], base: Path, source: str) -> dict[str
     model = data.get("model")
     if not isinstance(model, dict) or trm_path(model.get("init_from")) is None:
         return data
-    path = Path(trm_path(model["init_from"])).expanduser()
-    path = str(path if path.is_absolute() else (base / path).resolve())
+    path = trm_path(model["init_from"])
+    if is_uri(path):
+        path = normalized_uri(path)
+    else:
+        path = Path(path).expanduser()
+        path = str(path if path.is_absolute() else (base / path).resolve())
     model["init_from"] = TRM + path
     _, keys = checkpoint_facts(path)
     for key, value in keys.items():
         if key not in model:
             model[key] = value
         elif model[key] != value:
-            raise ConfigError(f"{source}: model.{key}={model[key]!r} contradicts the checkpoint {path}, whose "
+            raise ConfigError(f"{source}: model.{key}={model[key]!r} contradicts the checkpoint {redacted(path)}, whose "
                               f"model.{key} is {value!r}; leave model.{key} out to take the checkpoint's")
     return data
 
@@ -80,7 +93,8 @@ def check_init_from(configs: list[TrialConfig], source: str) -> None:
             continue
         seen.add((path, repr(cfg.model), spec))
         kind, _ = checkpoint_facts(path)
-        to_state_dict(read_tensors(Path(path)), kind, build_reasoner(cfg.model, spec), f"{source}: checkpoint {path}")
+        to_state_dict(read_tensors(Path(checkpoint_file(path))), kind, build_reasoner(cfg.model, spec),
+                      f"{source}: checkpoint {redacted(path)}")
 
 
 def load_start(model, cfg: TrialConfig, store=None) -> str | None:
@@ -91,9 +105,10 @@ def load_start(model, cfg: TrialConfig, store=None) -> str | None:
         from study.models.trm_checkpoint import read_tensors, to_state_dict
 
         kind, _ = checkpoint_facts(path)
-        state = to_state_dict(read_tensors(Path(path)), kind, model, f"checkpoint {path}")
+        local = checkpoint_file(path)
+        state = to_state_dict(read_tensors(Path(local)), kind, model, f"checkpoint {redacted(path)}")
         model.load_state_dict(state, strict=False)  # (only the carry rules' own parameters are not in it)
-        return file_digest(path)
+        return file_digest(local)
     where = stored_trial(source)
     if where is None:
         return None
