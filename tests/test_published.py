@@ -416,7 +416,7 @@ def test_maze_tokens_are_trms_maze_builder_encoding():
     from study.tasks import maze
 
     trm = {c: i + 1 for i, c in enumerate("# SGo")}  # build_maze_dataset.py: '# SGo' -> 1..5, 0 pad
-    assert (maze.WALL, maze.OPEN, maze.START, maze.GOAL, maze.PATH) == tuple(trm[c] for c in "# SGo")
+    assert tuple(trm[c] for c in "# SGo") == (maze.WALL, maze.OPEN, maze.START, maze.GOAL, maze.PATH)
     assert maze.TASK.spec(maze_config(30)).vocab == 6 and maze.TASK.spec(maze_config(30)).seq_len == 900
 
 
