@@ -71,8 +71,8 @@ def resolve_init_from(data: dict[str, Any], base: Path, source: str) -> dict[str
         if key not in model:
             model[key] = value
         elif model[key] != value:
-            raise ConfigError(f"{source}: model.{key}={model[key]!r} contradicts the checkpoint {redacted(path)}, whose "
-                              f"model.{key} is {value!r}; leave model.{key} out to take the checkpoint's")
+            raise ConfigError(f"{source}: model.{key}={model[key]!r} contradicts the checkpoint {redacted(path)}, "
+                              f"whose model.{key} is {value!r}; leave model.{key} out to take the checkpoint's")
     return data
 
 
