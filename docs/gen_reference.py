@@ -118,12 +118,36 @@ def dataclass_rows(cls: type, prefix: str, extra_notes: dict[str, str] | None = 
     rows, hints, said = [], typing.get_type_hints(cls, include_extras=True), {**notes(cls), **(extra_notes or {})}
     for f in dataclasses.fields(cls):
         hint = hints[f.name]
+        if dataclasses.is_dataclass(hint) and hint.__qualname__ == "CarryConfig":
+            rows += carry_rows(f"{prefix}{f.name}.")
+            continue
         if dataclasses.is_dataclass(hint):
             rows += dataclass_rows(hint, f"{prefix}{f.name}.")
             continue
         rows.append(f"| `{prefix}{f.name}` | {type_name(hint)} | {default_of(f)} | {cell(range_of(hint))} | "
                     f"{cell(said.get(f.name, ''))} |")
     return rows
+
+
+def own_parts(found) -> dict:
+    """A plugin group's built-in parts: the reference documents loopstudy, not what is installed where it runs."""
+    return {n: d for n, d in sorted(found.parts.items()) if found.origin[n].builtin}
+
+
+def per_part_rows(parts: dict, prefix: str, what: str) -> list[str]:
+    """The rows of every part's own settings, a key that several parts read being one row naming them all."""
+    by_key: dict[str, tuple[str, list[str]]] = {}
+    for name, part in parts.items():
+        for row in dataclass_rows(part.settings, prefix) if part.settings is not None else []:
+            by_key.setdefault(row.split("|")[1], (row, []))[1].append(name)
+    return [f"{row[:-2]} ({what} {', '.join(names)}) |" for row, names in by_key.values()]
+
+
+def carry_rows(prefix: str) -> list[str]:
+    """model.carry: the common keys, then each built-in rule's own (study.config.rules)."""
+    from study.config.rules import FOUND, CommonCarrySettings
+
+    return [*dataclass_rows(CommonCarrySettings, prefix), *per_part_rows(own_parts(FOUND), prefix, "rule")]
 
 
 def model_rows(cls, prefix: str) -> list[str]:
@@ -154,7 +178,7 @@ TABLE_HEAD = ["| key | type | default | allowed | what it is |", "|---|---|---|-
 def spec_page() -> str:
     from study.config import EvalConfig, ModelConfig, TrainConfig
     from study.spec.schema import StudySpec
-    from study.tasks import TASKS
+    from study.tasks import FOUND
     from study.tasks.settings import CommonSettings
 
     out = [HEADER + "# Spec keys\n",
@@ -164,13 +188,7 @@ def spec_page() -> str:
            "(`loopstudy schema`). Ranges are checked before any trial starts.\n",
            "## The study\n", *TABLE_HEAD, *model_rows(StudySpec, ""), "",
            "## task\n", "Every task reads the first keys; the others belong to the task named after them.\n",
-           *TABLE_HEAD, *dataclass_rows(CommonSettings, "task.")]
-    by_key: dict[str, tuple[str, list[str]]] = {}  # a key two tasks read (size) is one row naming both
-    for name, task in sorted(TASKS.items()):
-        for row in dataclass_rows(task.settings, "task.") if task.settings is not None else []:
-            key = row.split("|")[1]
-            by_key.setdefault(key, (row, []))[1].append(name)
-    out += [f"{row[:-2]} (task {', '.join(names)}) |" for row, names in by_key.values()]
+           *TABLE_HEAD, *dataclass_rows(CommonSettings, "task."), *per_part_rows(own_parts(FOUND), "task.", "task")]
     for title, cls in (("model", ModelConfig), ("train", TrainConfig), ("eval", EvalConfig)):
         doc = inspect.getdoc(cls) or ""
         out += ["", f"## {title}\n", doc.split("\n\n")[0].replace("\n", " ") + "\n", *TABLE_HEAD,

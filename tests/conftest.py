@@ -17,6 +17,17 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
 
 
+def port(base: int) -> int:
+    """A test cluster's port: `base` for the first pytest-xdist worker (or a run without xdist), 10 more for each
+    further worker, so the workers' clusters never meet (the suite runs on 2 workers: pyproject's addopts)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return base + 10 * int(worker.removeprefix("gw") or 0)
+
+
+CLUSTER_PORT = str(port(6391))  # the shared test cluster's GCS port; its job server is on DASHBOARD_PORT
+DASHBOARD_PORT = str(port(8266))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def infiloop_kernel_built():
     """InfiLoop's fused CPU step built once, before any test (on a fresh machine it takes ~30 s), so no trial's
@@ -36,14 +47,15 @@ def local_cluster(*args: str) -> str:
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """Head (0 CPUs, job server on 127.0.0.1:8266) + workers w1, w2 (1 CPU each). Stopped at the end: only this
-    cluster's processes (a Ray the user runs beside the tests is left alone)."""
-    local_cluster("stop", "--port", "6391")  # leftovers of an earlier run of this same test cluster, if any
-    info = json.loads(local_cluster("start", "--workers", "2", "--port", "6391", "--dashboard-port", "8266"))
+    """Head (0 CPUs, job server on 127.0.0.1:DASHBOARD_PORT) + workers w1, w2 (1 CPU each). Stopped at the end:
+    only this cluster's processes (a Ray the user runs beside the tests is left alone)."""
+    local_cluster("stop", "--port", CLUSTER_PORT)  # leftovers of an earlier run of this cluster, if any
+    info = json.loads(local_cluster("start", "--workers", "2", "--port", CLUSTER_PORT, "--dashboard-port",
+                                    DASHBOARD_PORT))
     try:
         yield info
     finally:
-        local_cluster("stop", "--port", "6391")
+        local_cluster("stop", "--port", CLUSTER_PORT)
 
 
 def free_port_pair() -> int:
@@ -116,3 +128,4 @@ def s3_server(tmp_path_factory):
             proc.kill()
             proc.wait(10)
         log.close()
+

@@ -12,7 +12,9 @@ from .conftest import REPO
 PACKAGE = REPO / "study"
 MAX_FILE_LINES = 400
 MAX_FUNCTION_LINES = 60
-MAX_LOOSE_MODULES = 6  # shared leaf helpers at the top of study/; everything else lives in its stage's package
+# shared leaf helpers at the top of study/ (plugins.py: the entry-point discovery that tasks and config both use);
+# everything else lives in its stage's package
+MAX_LOOSE_MODULES = 7
 
 # The stages, lowest first: a module may import its own stage and the ones before it, never a later one. Data flows
 # spec -> run (Ray) -> trial (train, evaluate at depth) -> store -> analysis; the imports run the other way round

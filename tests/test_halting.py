@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from study.config import HaltingConfig, ModelConfig
+from study.config import CarryConfig, HaltingConfig, ModelConfig
 from study.models.block import Block
 from study.models.carry import CarryState, Damped
 from study.models.halting import advance_halting, relative_residual, start_halting
@@ -65,7 +65,7 @@ def test_unscaled_pre_norm_grows_without_bound_where_scaling_does_not():
 
 
 def test_damping_leaves_a_fixed_point_unchanged():
-    rule = Damped()
+    rule = Damped(8, CarryConfig())
     h = torch.randn(3, 4, 8)
     state = CarryState(h)
     for eta in (1.0, 0.5, 0.01):

@@ -23,7 +23,8 @@ from optuna.storages.journal import JournalFileBackend
 
 from study.store import Store
 
-from .conftest import REPO, local_cluster
+from .conftest import CLUSTER_PORT, REPO, local_cluster
+from .conftest import port as worker_port
 
 pytestmark = pytest.mark.ray
 
@@ -214,14 +215,15 @@ def test_stopping_a_local_cluster_leaves_other_rays_on_the_machine_running(ray_c
         import local_cluster as lc
     finally:
         sys.path.pop(0)
-    ours = lc.cluster_pids(6391)
+    ours = lc.cluster_pids(int(CLUSTER_PORT))
     assert ours
-    lc.start_head(6397, 8297)  # a second cluster: stands in for a user's own Ray beside the tests
+    # a second cluster: stands in for a user's own Ray beside the tests
+    lc.start_head(worker_port(6397), worker_port(8297))
     try:
-        other = lc.cluster_pids(6397)
+        other = lc.cluster_pids(worker_port(6397))
         assert other and not set(other) & set(ours)
     finally:
-        local_cluster("stop", "--port", "6397")
+        local_cluster("stop", "--port", str(worker_port(6397)))
     assert not [p for p in other if lc.alive(p)]
     assert all(lc.alive(p) for p in ours)  # the test cluster (another "user") is untouched
 
@@ -409,7 +411,7 @@ def test_worker_node_killed_mid_study_every_trial_still_completes_once(ray_clust
     assert Store(tmp_path).is_compacted("tiny") and Store(tmp_path).files("trials", "tiny") == []
     assert len(complete_ids(tmp_path, "tiny")) == 4
     assert_rows_once(tmp_path, "tiny", 4)
-    local_cluster("add-worker", "--name", "w1b", "--port", "6391")  # leave the cluster as we found it
+    local_cluster("add-worker", "--name", "w1b", "--port", CLUSTER_PORT)  # leave the cluster as we found it
 
 
 def test_optuna_search_with_asha_keeps_every_sample_and_every_command_agrees(ray_cluster, tmp_path):

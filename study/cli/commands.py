@@ -27,7 +27,11 @@ def cmd_trial(args: argparse.Namespace) -> int:
     cfg = load_trial_file(args.config, args.overrides)
     store = None if args.no_store else Store(args.store)  # a bad root fails now, not after training
     tid = trial_id(cfg)
-    eprint(f"trial {tid}: task {cfg.task.name} {cfg.task.size}, model {cfg.model.kind} "
+    from study.tasks import TASKS
+
+    own = ", ".join(f"{k}={getattr(cfg.task, k)}" for k in TASKS[cfg.task.name].reads
+                    if getattr(cfg.task, k) is not None)
+    eprint(f"trial {tid}: task {cfg.task.name} ({own}), model {cfg.model.kind} "
            f"rule={cfg.model.carry.rule} placement={cfg.model.carry.placement}, seed {cfg.seed}")
 
     def on_log(log) -> None:
@@ -367,7 +371,14 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_schema(args: argparse.Namespace) -> int:
     from study.spec.json_schema import schema_text
 
-    print(schema_text(), end="")
+    print(schema_text(plugins=not args.own), end="")
+    return 0
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    from study.spec.plugins import listing
+
+    print("\n".join(listing()))
     return 0
 
 

@@ -296,8 +296,18 @@ def add_upkeep(sub, parent: argparse.ArgumentParser) -> None:
                         description="Print the JSON Schema of a study spec, generated from the models that check one "
                                     "(the package ships it as study/spec/spec.schema.json). Name it on a spec's first "
                                     "line, `# yaml-language-server: $schema=PATH`, and an editor with the YAML "
-                                    "language server validates and completes keys while you type.")
+                                    "language server validates and completes keys while you type. It includes the "
+                                    "carry rules and tasks of the plugins installed here (`loopstudy plugins`).")
+    sc.add_argument("--own", action="store_true",
+                    help="loopstudy's own rules and tasks only, as the shipped file holds them")
     sc.set_defaults(func=cmd.cmd_schema)
+
+    pl = sub.add_parser("plugins", help="the carry rules and tasks installed here, built-in and by plugin",
+                        description="List every carry rule and task found by entry point (groups "
+                                    "loopstudy.carry_rules and loopstudy.tasks), each with its distribution, version "
+                                    "and entry point, its settings (spec keys), and any that failed to load with the "
+                                    "reason. docs/extending.md says how to write one.")
+    pl.set_defaults(func=cmd.cmd_plugins)
 
 
 def build_parser() -> argparse.ArgumentParser:

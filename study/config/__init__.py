@@ -32,14 +32,11 @@ from study.config.loading import (
     resolve_data_paths,
     set_dotted,
 )
+from study.config.rules import CARRY_RULES, RULES, CarryConfig, CarryRuleDef, Rule
 from study.config.schema import (
-    RULES,
-    CarryConfig,
     EvalConfig,
     HaltingConfig,
     ModelConfig,
-    Placement,
-    Rule,
     TrainConfig,
     TrialConfig,
     layers_per_step,
@@ -48,7 +45,7 @@ from study.tasks import TaskConfig, TaskName
 
 __all__ = [
     "ADDED_LATER", "TaskConfig", "TaskName", "DATA_FILES", "MAX_DEPTH_LAYERS", "NON_IDENTITY", "RULES", "Bound",
-    "CarryConfig", "EvalConfig", "HaltingConfig", "ModelConfig", "Placement", "Rule",
+    "CARRY_RULES", "CarryConfig", "CarryRuleDef", "EvalConfig", "HaltingConfig", "ModelConfig", "Rule",
     "TrainConfig", "TrialConfig", "absolute_data_path", "allowed_keys", "build_trial", "check_bounds",
     "check_data", "describe_error", "eval_id", "eval_keys", "file_digest", "flatten",
     "layers_per_step", "load_yaml", "merge", "parse_overrides", "reading_id",

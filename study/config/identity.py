@@ -97,7 +97,27 @@ def trial_id(cfg: TrialConfig, leave_out: tuple[str, ...] = ()) -> str:
         if d[section].get(name, before) == before:
             d[section].pop(name, None)
     d.pop("label", None)
+    outside_plugins(cfg, d)
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def outside_plugins(cfg: TrialConfig, d: dict[str, Any]) -> None:
+    """Plugins in a trial's identity (in place on its dict `d`): the distribution and version of every outside
+    plugin the trial runs (upgrading one makes its trials stale, as editing the spec does), and none of the settings
+    of outside rules it does not run (installing a plugin changes no other trial's id). The built-ins add nothing:
+    upgrading loopstudy stales nothing."""
+    from study.config.rules import FOUND as RULES_FOUND
+    from study.tasks import FOUND as TASKS_FOUND
+
+    axes = ("flat",) if cfg.model.kind == "flat" else ("inner", "outer")
+    used = {cfg.model.carry.rule_for(a) for a in axes}
+    own = {k for n, r in RULES_FOUND.parts.items() if RULES_FOUND.origin[n].builtin or n in used for k in r.reads}
+    for key in {k for r in RULES_FOUND.parts.values() for k in r.reads} - own:
+        d["model"]["carry"].pop(key, None)
+    pins = {f"{p.group}:{p.name}": p.pin for p in [*(RULES_FOUND.origin[r] for r in sorted(used)),
+                                                   TASKS_FOUND.origin[cfg.task.name]] if not p.builtin}
+    if pins:
+        d["plugins"] = pins
 
 
 def eval_keys() -> tuple[str, ...]:

@@ -49,6 +49,17 @@ def allowed_keys(loc: tuple, root: Any = None) -> list[str]:
     return list(_fields(cls))
 
 
+def broken_part(key: str, value: Any) -> str | None:
+    """Why the plugin a spec names at model.carry.rule / task.name did not load (None: no broken one by that name)."""
+    from study.config.rules import FOUND as RULES_FOUND
+    from study.tasks import FOUND as TASKS_FOUND
+
+    found = {"model.carry.rule": RULES_FOUND, "task.name": TASKS_FOUND}.get(key)
+    if found is None or not isinstance(value, str):
+        return None
+    return next((why for name, why in found.broken.items() if name.split(" ")[0] == value), None)
+
+
 def describe_error(err: ValidationError, source: str, root: Any = None) -> str:
     """One line per problem: file, dotted key, what is wrong and what is allowed (keys of `root`'s sections)."""
     lines = []
@@ -59,6 +70,8 @@ def describe_error(err: ValidationError, source: str, root: Any = None) -> str:
         if e["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
             allowed = allowed_keys(loc, root)
             msg = "unknown key" + (f"; allowed: {', '.join(allowed)}" if allowed else "")
+        elif e["type"] == "literal_error" and broken_part(key, e.get("input")):
+            msg = broken_part(key, e.get("input"))  # a plugin by that name is installed, and did not load
         elif e["type"] == "literal_error" and "expected" in e.get("ctx", {}):
             msg = f"{yamltext.quote(e.get('input'))} is not allowed; allowed: {e['ctx']['expected']}"
         elif msg.startswith("Value error, "):

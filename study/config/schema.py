@@ -9,16 +9,14 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import field
-from typing import Annotated, Literal, get_args
+from typing import Annotated, Literal
 
 from pydantic.dataclasses import dataclass as pdataclass
 
 from study.bounds import MAX_DEPTH_LAYERS, Bound, check_bounds
+from study.config.rules import CarryConfig
 from study.tasks import TASKS, TaskConfig
 
-Rule = Literal["carry_last", "infiloop", "full_attnres", "damped"]
-Placement = Literal["none", "inner", "outer", "both"]
-RULES = get_args(Rule)
 Unit = Annotated[float, Bound(ge=0, lt=1)]  # FPRM's a1, a2 initialisations
 
 
@@ -27,38 +25,6 @@ def layers_per_step(kind: str, L: int, n_layers: int, h_layers: int | None = Non
     update runs its own block of h_layers), a flat iteration once (methods.md section 2). The one statement of the
     count; tables read stored trials with it."""
     return L * n_layers + (h_layers or n_layers) if kind == "nested" else n_layers
-
-@pdataclass(config={"extra": "forbid"})
-class CarryConfig:
-    """The loop rule and where it goes. Axes not named by `placement` use carry_last.
-
-    reset_inner: whether the inner axis's InfiLoop accumulators (log D, h) restart at every outer cycle. Default
-    False: the inner axis keeps one decayed history over the whole rollout. Resetting would make the first inner
-    step of each cycle a hard carry-last (gamma = 1) and throw away the accumulated evidence.
-    """
-
-    # how an axis passes its state on: carry_last (TRM), infiloop, full_attnres (cost baseline) or damped (FPRM)
-    rule: Rule = "carry_last"
-    # the nested axes that run `rule` (inner, outer, both or none); the others carry the last state
-    placement: Placement = "both"
-    # InfiLoop's time decay beta at the start (beta < 1 forgets older candidates; 1: uniform weights)
-    beta_init: Annotated[float, Bound(gt=0)] = 0.55
-    # whether beta is learned (false: fixed at beta_init)
-    learn_beta: bool = True
-    # whether InfiLoop scores each candidate by content (q . RMSNorm(z)); false: decay-only weights
-    content_score: bool = True
-    # cap on content scores (InfiLoop, full attention residuals), so exp(score) stays finite
-    clip: Annotated[float, Bound(gt=0)] = 8.0
-    reset_inner: bool = False
-
-    def __post_init__(self):
-        check_bounds("model.carry", self)
-
-    def rule_for(self, axis: str) -> str:
-        """The rule applied on `axis` ('inner', 'outer' or 'flat')."""
-        if axis == "flat":
-            return self.rule
-        return self.rule if self.placement in (axis, "both") else "carry_last"
 
 # Halting's threshold and FPOpt's decay, in training and as test-time overrides (EvalConfig): one statement each.
 Tau = Annotated[float, Bound(gt=0)]

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from study.config.rules import CARRY_RULES, CommonCarrySettings
 from study.config.schema import TrialConfig
 from study.tasks import COMMON_FIELDS, TASKS
+from study.tasks.settings import declared
 
 
 def uses(cfg: TrialConfig, *rules: str) -> bool:
@@ -36,11 +38,12 @@ def _when(test: Callable[[TrialConfig], bool], why: str) -> Callable[[TrialConfi
 
 
 INFILOOP = _when(lambda c: uses(c, "infiloop"), "no loop axis runs model.carry.rule infiloop")
+ETA_RULES = tuple(n for n, d in CARRY_RULES.items() if d.reads_eta)  # the rules FPOpt's eta steers (damped)
 # FPOpt's eta (patience, gamma, eta0) steers the damped rule, and with halting on it stops samples too (eta_min)
-ETA = _when(lambda c: uses(c, "damped") or halting_anywhere(c),
+ETA = _when(lambda c: uses(c, *ETA_RULES) or halting_anywhere(c),
             "neither the damped rule nor halting (model.halting.enabled / eval.halting) is in use")
 HALTING = _when(halting_anywhere, "halting is off (model.halting.enabled and eval.halting)")
-EVAL_HALTING = _when(lambda c: eval_halting(c) or uses(c, "damped"),
+EVAL_HALTING = _when(lambda c: eval_halting(c) or uses(c, *ETA_RULES),
                      "the evaluation neither halts (eval.halting / model.halting.enabled) nor damps")
 NESTED = _when(lambda c: c.model.kind == "nested", "model.kind is flat (one loop, no inner cycles)")
 PUZZLES = _when(lambda c: "puzzle_embedding" in TASKS[c.task.name].reads or c.model.puzzle_prefix > 0,
@@ -53,9 +56,6 @@ READ_WHEN: dict[str, Callable[[TrialConfig], str | None]] = {
     "model.carry.placement": _when(lambda c: c.model.kind == "nested" and c.model.carry.rule != "carry_last",
                                    "model.carry.rule is carry_last (or the model is flat): every axis carries the "
                                    "last state wherever the rule is placed"),
-    "model.carry.beta_init": INFILOOP,
-    "model.carry.learn_beta": INFILOOP,
-    "model.carry.content_score": INFILOOP,
     "model.carry.clip": _when(lambda c: (uses(c, "infiloop") and c.model.carry.content_score)
                               or uses(c, "full_attnres"), "no axis computes a content score"),
     "model.carry.reset_inner": _when(lambda c: c.model.kind == "nested"
@@ -67,7 +67,7 @@ READ_WHEN: dict[str, Callable[[TrialConfig], str | None]] = {
     # (a2 enters b1 = b2 (1 - a1) / (1 - a1^2L), b2 = 1 - a2 a1^2L: both reasoners read it under the scaling)
     "model.a1_init": _when(lambda c: c.model.residual_scaling, "model.residual_scaling is off"),
     "model.a2_init": _when(lambda c: c.model.residual_scaling, "model.residual_scaling is off"),
-    "model.halting.tau": _when(lambda c: halting_anywhere(c) or uses(c, "damped"),
+    "model.halting.tau": _when(lambda c: halting_anywhere(c) or uses(c, *ETA_RULES),
                                "neither halting nor the damped rule is in use"),
     "model.halting.gamma": ETA,
     "model.halting.patience": ETA,
@@ -85,6 +85,17 @@ READ_WHEN: dict[str, Callable[[TrialConfig], str | None]] = {
     "train.puzzle_lr": PUZZLES,
     "train.puzzle_weight_decay": PUZZLES,
 }
+
+
+
+def rule_setting(key: str) -> Callable[[TrialConfig], str | None]:
+    """model.carry.<key>, a rule's own setting: read when a loop axis runs a rule that declares it."""
+    owners = tuple(n for n, d in CARRY_RULES.items() if key in d.reads)
+    return _when(lambda c: uses(c, *owners), f"no loop axis runs a rule that reads it ({', '.join(owners)})")
+
+
+for _key in {k for d in CARRY_RULES.values() for k in d.reads} - set(declared(CommonCarrySettings)):
+    READ_WHEN.setdefault(f"model.carry.{_key}", rule_setting(_key))
 
 # keys whose reading the task and model shape decide: set in a spec whose trials never read them, they are a mistake
 # (the other keys of READ_WHEN may be set in a base that only some sweep points read)

@@ -1,23 +1,32 @@
 """Carry rules: how one loop axis passes its state to the next iteration (methods.md section 3).
 
-Every rule is an `nn.Module` (it owns the axis's parameters) with two calls:
-  state = rule.start(h0)            the axis's state before its first candidate (h0: the initial state)
-  state = rule.step(state, z, eta)  take candidate z_t (a block output); `state.h` is what the loop carries on
+The contract, one for the built-ins and for plugins (its torch-free half, the registration and the settings, is
+study.config.rules.CarryRuleDef): a rule is a `CarryRule`, an `nn.Module` built as `Rule(d, cfg)` (d: the state's
+width; cfg: the `model.carry` section, `cfg.settings_of(name)` its own settings) that owns the axis's parameters,
+with two calls:
+  state = rule.start(h0)            the axis's state before its first candidate (h0: the initial state, (B, S, d))
+  state = rule.step(state, z, eta)  take candidate z_t (a block output, (B, S, d)); `state.h` (B, S, d) is what the
+                                    loop carries on; eta (B,) is FPOpt's damping factor (halting) or None
 `step(..., in_place=True)` says the caller drops `state` and nothing else reads it (an inner loop's own
 intermediate states): a rule may then write the new state into its buffers.
-The per-iteration state lives in a `CarryState` (never in the module), so rollouts are re-entrant, can be detached
-between updates and frozen per sample when halting.
+The per-iteration state lives in a `CarryState` (never in the module): `h` and an `aux` dict of tensors with the
+batch first, so rollouts are re-entrant, can be detached between updates and frozen per sample when halting.
+`no_weight_decay = True` exempts the rule's parameters from weight decay. Its FLOPs are counted by running it
+(study.evaluate.compute), like every other part of the model. `make_carry` builds a rule by name; `probe_rule`
+runs one on a tiny input, which is how a broken plugin is refused before any trial.
 """
 
 from __future__ import annotations
 
+import abc
+import importlib
 import math
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from study.config import RULES, CarryConfig
+from study.config import CARRY_RULES, RULES, CarryConfig
 from study.models.block import RMS_EPS, rms_norm
 from study.models.infiloop_kernel import FLOATS, fused_step
 
@@ -116,27 +125,39 @@ def infiloop_scan(
     return torch.stack(hs), torch.stack(gammas)
 
 
-class CarryLast(nn.Module):
-    """TRM: the next state is the newest block output."""
+class CarryRule(nn.Module, metaclass=abc.ABCMeta):
+    """A carry rule (see the module docstring for the contract)."""
 
-    name = "carry_last"
+    no_weight_decay = False  # True: none of the rule's parameters decay (Reasoner.param_groups)
+    name = ""  # the name it is registered under (make_carry sets it)
+
+    def __init__(self, d: int, cfg: CarryConfig):
+        super().__init__()
 
     def start(self, h0: torch.Tensor) -> CarryState:
         return CarryState(h0)
+
+    @abc.abstractmethod
+    def step(self, state: CarryState, z: torch.Tensor, eta: torch.Tensor | None = None, *,
+             in_place: bool = False) -> CarryState:
+        """The axis's state after candidate z (see the module docstring)."""
+
+
+class CarryLast(CarryRule):
+    """TRM: the next state is the newest block output."""
 
     def step(self, state: CarryState, z: torch.Tensor, eta: torch.Tensor | None = None, *,
              in_place: bool = False) -> CarryState:
         return CarryState(z)
 
 
-class InfiLoop(nn.Module):
+class InfiLoop(CarryRule):
     """Loop-native attention residual: learned pseudo-query q (d) and decay beta = exp(-lambda) (1 scalar)."""
 
-    name = "infiloop"
     no_weight_decay = True  # q and beta (Reasoner.param_groups)
 
     def __init__(self, d: int, cfg: CarryConfig):
-        super().__init__()
+        super().__init__(d, cfg)
         self.clip = cfg.clip
         # q starts at zero: weights are then pure decay (gamma -> 1 - beta) until the content score is learned.
         self.q = nn.Parameter(torch.zeros(d)) if cfg.content_score else None
@@ -158,18 +179,17 @@ class InfiLoop(nn.Module):
         return CarryState(h, {"log_d": log_d, "gamma": gamma, "score": s})
 
 
-class FullAttnRes(nn.Module):
+class FullAttnRes(CarryRule):
     """Full Attention Residuals (cost baseline): step t's query attends over all t candidates of the axis.
 
     Query q_t = q * RMSNorm(z_t) (d params); scores against RMSNorm(z_i), capped at `clip`. O(t d) memory per
     token at step t and O(T^2 d) work over a rollout: the cost InfiLoop's recursion avoids.
     """
 
-    name = "full_attnres"
     no_weight_decay = True  # q (Reasoner.param_groups)
 
     def __init__(self, d: int, cfg: CarryConfig):
-        super().__init__()
+        super().__init__(d, cfg)
         self.clip = cfg.clip
         self.q = nn.Parameter(torch.ones(d))
 
@@ -185,13 +205,8 @@ class FullAttnRes(nn.Module):
         return CarryState(h, {"cands": cands})
 
 
-class Damped(nn.Module):
+class Damped(CarryRule):
     """Fixed-point damping h_t = eta z_t + (1 - eta) h_{t-1}; eta (B,) comes from FPOpt (halting.py)."""
-
-    name = "damped"
-
-    def start(self, h0: torch.Tensor) -> CarryState:
-        return CarryState(h0)
 
     def step(self, state: CarryState, z: torch.Tensor, eta: torch.Tensor | None = None, *,
              in_place: bool = False) -> CarryState:
@@ -201,14 +216,66 @@ class Damped(nn.Module):
         return CarryState(e * z + (1 - e) * state.h)
 
 
-def make_carry(rule: str, d: int, cfg: CarryConfig) -> nn.Module:
+class RuleError(ValueError):
+    """A carry rule that cannot run: its one line names the rule and its entry point."""
+
+
+def rule_class(rule: str) -> type[CarryRule]:
+    """The CarryRule subclass a registered rule's definition names (imported now)."""
+    if rule not in CARRY_RULES:
+        from study.config.rules import FOUND
+
+        raise RuleError(FOUND.broken.get(rule) or f"model.carry.rule={rule!r} is not allowed; use one of {RULES}")
+    defn, where = CARRY_RULES[rule], rule_origin(rule)
+    module, _, attr = defn.module.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+    except Exception as e:  # noqa: BLE001 - someone else's module: its error, in one line
+        raise RuleError(f"{where}: its module {defn.module} does not import: {type(e).__name__}: "
+                        f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}") from None
+    if not (isinstance(cls, type) and issubclass(cls, CarryRule)):
+        raise RuleError(f"{where}: {defn.module} is not a study.models.carry.CarryRule subclass")
+    missing = sorted(getattr(cls, "__abstractmethods__", ()))
+    if missing:
+        raise RuleError(f"{where}: {defn.module} lacks {', '.join(missing)}")
+    return cls
+
+
+def rule_origin(rule: str) -> str:
+    from study.config.rules import FOUND
+
+    p = FOUND.origin.get(rule)
+    return f"carry rule {rule!r}" + (f" (entry point {p.group}: {p.name} = {p.value}, from {p.pin})" if p else "")
+
+
+def make_carry(rule: str, d: int, cfg: CarryConfig) -> CarryRule:
     """Build the module for one axis."""
-    if rule == "carry_last":
-        return CarryLast()
-    if rule == "infiloop":
-        return InfiLoop(d, cfg)
-    if rule == "full_attnres":
-        return FullAttnRes(d, cfg)
-    if rule == "damped":
-        return Damped()
-    raise ValueError(f"model.carry.rule={rule!r} is not allowed; use one of {RULES}")
+    module = rule_class(rule)(d, cfg)
+    module.name = rule
+    return module
+
+
+def probe_rule(rule: str, cfg: CarryConfig, d: int = 8) -> None:
+    """Run the rule on a tiny input (3 steps, with and without eta): RuleError naming it and its entry point when it
+    fails to build, raises, or returns a state of another shape or with a non-finite value."""
+    where = rule_origin(rule)
+    gen = torch.Generator().manual_seed(0)
+    h0 = torch.randn(2, 3, d, generator=gen)
+    try:
+        module = make_carry(rule, d, cfg)
+        state = module.start(h0)
+        for i in range(3):
+            z = torch.randn(2, 3, d, generator=gen)
+            state = module.step(state, z, torch.full((2,), 0.5) if i == 2 else None)
+            if not isinstance(state, CarryState):
+                raise RuleError(f"{where}: step returned a {type(state).__name__}, not a CarryState")
+            if tuple(state.h.shape) != (2, 3, d):
+                raise RuleError(f"{where}: step returned a state of shape {tuple(state.h.shape)} for candidates of "
+                                f"shape {(2, 3, d)}")
+            if not bool(torch.isfinite(state.h).all()):
+                raise RuleError(f"{where}: step returned a non-finite state (NaN or inf) on a tiny random input")
+    except RuleError:
+        raise
+    except Exception as e:  # noqa: BLE001 - someone else's code: its error, in one line
+        raise RuleError(f"{where} fails on a tiny input: {type(e).__name__}: "
+                        f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}") from None

@@ -226,7 +226,7 @@ def dry_run_study(study: Study, *, address: str | None = None, storage: str | No
     sample (what it is, whether it runs, what it holds), "offers": what each node has, "refused": the checks' lines,
     "root": the results root}."""
     from study.run.optuna_storage import peek
-    from study.run.preflight import check_resources, check_storage, data_files
+    from study.run.preflight import check_node_plugins, check_resources, check_storage, data_files
 
     conn = Connection(address, num_cpus, shared_storage, verbose)
     root = storage_root(study, storage)
@@ -251,7 +251,8 @@ def dry_run_study(study: Study, *, address: str | None = None, storage: str | No
     nodes = cluster_nodes()
     refused = []
     for check in (lambda: check_resources(study, ray.cluster_resources(), nodes),
-                  lambda: check_storage(store.uri, nodes, conn.shared_storage, data_files(study))):
+                  lambda: check_storage(store.uri, nodes, conn.shared_storage, data_files(study)),
+                  lambda: check_node_plugins(study, nodes)):
         try:
             check()
         except ConfigError as e:

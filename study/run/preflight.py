@@ -101,12 +101,40 @@ def check_storage(root: str, nodes: list[dict[str, Any]], shared: bool, data_fil
             "results an object store such as s3://bucket/prefix.")
 
 
+def check_node_plugins(study: Study, nodes: list[dict[str, Any]]) -> None:
+    """Every alive node must import each outside plugin the study runs, at the driver's version: a node that lacks
+    one, has another version or cannot import it is refused, naming the node and the plugin (docs/clusters.md says
+    how to ship one)."""
+    if not study.plugins:
+        return
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from study.plugins import node_report
+
+    wanted = [(p.group, p.name) for p in study.plugins]
+    probe = ray.remote(num_cpus=0, max_retries=0)(node_report)
+    alive = [n for n in nodes if n.get("Alive", True)]
+    refs = [probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(wanted)
+            for n in alive]
+    for node, got in zip(alive, ray.get(refs, timeout=120)):
+        for p in study.plugins:
+            there = got.get(f"{p.group}:{p.name}")
+            if there != p.pin:
+                has = there if there in ("not installed",) or there.startswith("does not import") else f"has {there}"
+                raise ConfigError(f"{study.source}: node {node.get('NodeManagerAddress', '?')} "
+                                  f"({node['NodeID'][:12]}) {has} for plugin {p.name!r} ({p.group}), and the driver "
+                                  f"runs {p.pin}; install {p.pin} on every node (docs/clusters.md: the image or "
+                                  "runtime_env's pip list)")
+
+
 def preflight_study(study: Study, store: Store, *, cluster: dict[str, float], nodes: list[dict[str, Any]],
                     shared: bool) -> None:
     """Every check of a study on a cluster, in order (its services were opened before Ray started:
     study.run.services)."""
     check_resources(study, cluster, nodes)
     check_storage(store.uri, nodes, shared, data_files(study))
+    check_node_plugins(study, nodes)
     check_writable(store)
 
 

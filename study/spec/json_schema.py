@@ -33,9 +33,32 @@ def spec_schema() -> dict[str, Any]:
             "title": "loopstudy study spec", **schema}
 
 
-def schema_text() -> str:
-    """The schema as the shipped file holds it (sorted keys: a stable diff)."""
-    return json.dumps(spec_schema(), indent=1, sort_keys=True) + "\n"
+def schema_text(plugins: bool = True) -> str:
+    """The schema (sorted keys: a stable diff); plugins False: without the outside plugins installed here, as the
+    shipped file holds it."""
+    schema = spec_schema()
+    if not plugins:
+        without_outside_plugins(schema)
+    return json.dumps(schema, indent=1, sort_keys=True) + "\n"
+
+
+def without_outside_plugins(schema: dict[str, Any]) -> None:
+    """Drop (in place) the names and settings only outside plugins bring: the shipped schema is loopstudy's own,
+    whatever is installed where it is generated."""
+    from study.config.rules import FOUND as RULES_FOUND
+    from study.tasks import FOUND as TASKS_FOUND
+
+    for name, key, found in (("CarryConfig", "rule", RULES_FOUND), ("TaskConfig", "name", TASKS_FOUND)):
+        outside = {n for n, p in found.origin.items() if not p.builtin}
+        part = schema["$defs"][name]
+        inside = {k for n, d in found.parts.items() if n not in outside for k in d.reads}
+        for setting in {k for n in outside for k in found.parts[n].reads} - inside:
+            part["properties"].pop(setting, None)
+        names = part["properties"][key]
+        names["enum"] = [n for n in names["enum"] if n not in outside]
+        if "description" in part:
+            part["description"] = "\n\n".join(p for p in part["description"].split("\n\n")
+                                              if p.split(":", 1)[0] not in outside)
 
 
 def schema_line(spec: Path) -> str:

@@ -43,7 +43,9 @@ from study.config.usage import TASK_BOUND, unread, unread_fields
 from study.errors import ConfigError
 from study.metrics import DEFAULT_METRIC, METRICS
 from study.paths import is_uri
+from study.plugins import Plugin
 from study.spec.optuna_location import check_location, storage_location
+from study.spec.plugins import check_plugins, used_plugins
 from study.spec.schema import OptunaParam, StudySpec, SweepSpec
 from study.store.layout import spec_file
 from study.trial.start import check_init_from, resolve_init_from
@@ -57,6 +59,7 @@ class Study:
     source: str
     data: dict[str, Any] = field(default_factory=dict)  # the spec as read, overrides applied
     trials: list[TrialConfig] = field(default_factory=list)  # grid studies: every resolved trial
+    plugins: list[Plugin] = field(default_factory=list)  # the outside plugins its trials run (study.spec.plugins)
 
     @property
     def name(self) -> str:
@@ -157,6 +160,7 @@ def load_trial_file(path: str | Path, overrides: list[str] | None = None) -> Tri
     cfg = build_trial(data, str(path))
     check_data([cfg], str(path))
     check_init_from([cfg], str(path))
+    check_plugins([cfg], str(path))
     return cfg
 
 
@@ -225,7 +229,7 @@ def study_from_data(data: dict[str, Any], source: str) -> Study:
             samples += [{**samples[0], k: v} for v in (p.values or [])]
         checked = [build_trial(_with(base, {**sample, "seed": sweep.seeds[0]}, source),
                                f"{source} (optuna space point {sample})") for sample in samples]
-        check_configs(data, checked, source)
+        study.plugins = check_configs(data, checked, source)
         for key, metrics in (("sweep.optuna.metric", sweep.optuna.metrics),
                              ("sweep.optuna.constraints", sweep.optuna.constraints)):
             for metric in metrics:
@@ -245,16 +249,19 @@ def study_from_data(data: dict[str, Any], source: str) -> Study:
             seen.add(tid)
             study.trials.append(cfg)
     check_sweep_reads(points, configs, source)
-    check_configs(data, configs, source)
+    study.plugins = check_configs(data, configs, source)
     return study
 
 
-def check_configs(data: dict[str, Any], configs: list[TrialConfig], source: str) -> None:
+def check_configs(data: dict[str, Any], configs: list[TrialConfig], source: str) -> list[Plugin]:
     """What the resolved trials of a spec (or an Optuna search's corners) must hold before any runs: keys set that
-    none reads, the task data files they name, and the checkpoint they start from (study.trial.start)."""
+    none reads, the task data files they name, the checkpoint they start from (study.trial.start), and the outside
+    plugins they run (study.spec.plugins), which it returns."""
     check_base_reads(data, configs, source)
     check_data(configs, source)
     check_init_from(configs, source)
+    check_plugins(configs, source)
+    return used_plugins(configs)
 
 
 def check_base_reads(data: dict[str, Any], configs: list[TrialConfig], source: str) -> None:

@@ -1,29 +1,21 @@
-"""Tasks (methods.md section 8), one module each, found by their module-level `TASK` (a TaskDef): sudoku, maze,
-state tracking, prefix sums, ARC. Adding a task is adding a module here, with the settings it reads
+"""Tasks (methods.md section 8): sudoku, maze, state tracking, prefix sums, ARC, and any installed plugin's. Each
+registers a TaskDef (study.tasks.base states the contract) by entry point in the group `loopstudy.tasks`
+(study.plugins), the built-ins in loopstudy's own pyproject.toml, one module each here, with the settings it reads
 (study.tasks.settings puts a trial's `task:` section, TaskConfig, together from them). `study.tasks.loader.load_task`
 builds one. Torch-free."""
 
-import importlib
-import pkgutil
-
+from study.plugins import discover, set_aside_clashes
 from study.tasks.base import IGNORE, Split, TaskDef, TaskSpec, accuracies
-from study.tasks.settings import COMMON_FIELDS, build_task_config
+from study.tasks.settings import COMMON_FIELDS, build_task_config, declared
 
-
-def _discover() -> dict[str, TaskDef]:
-    found = {}
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if info.name == "loader":  # it reads TASKS itself; every other module without a TASK is passed over
-            continue
-        task = getattr(importlib.import_module(f"{__name__}.{info.name}"), "TASK", None)
-        if isinstance(task, TaskDef):
-            found[task.name] = task
-    return found
-
-
-TASKS: dict[str, TaskDef] = _discover()
+FOUND = discover("tasks", TaskDef)
+set_aside_clashes(FOUND, lambda t: declared(t.settings) if t.settings else {}, set(COMMON_FIELDS), "task.")
+TASKS: dict[str, TaskDef] = FOUND.parts
+if "sudoku" not in TASKS:  # the default must exist: loopstudy's own metadata is missing or stale
+    raise ImportError("the built-in tasks are not registered: loopstudy is not installed in this environment "
+                      "(pip install -e . from the repository, which registers them by entry point)")
 TaskConfig = build_task_config(TASKS)
 TaskName = TaskConfig.__annotations__["name"]  # Literal of every task's name
 
-__all__ = ["COMMON_FIELDS", "IGNORE", "TASKS", "Split", "TaskConfig", "TaskDef", "TaskName", "TaskSpec",
+__all__ = ["COMMON_FIELDS", "FOUND", "IGNORE", "TASKS", "Split", "TaskConfig", "TaskDef", "TaskName", "TaskSpec",
            "accuracies"]

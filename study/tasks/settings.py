@@ -50,7 +50,7 @@ def merged_fields(tasks: dict[str, TaskDef]) -> dict[str, tuple[Any, Any]]:
     out["name"] = (Literal[tuple(tasks)], out["name"][1])
     owner: dict[str, str] = {}
     for task in tasks.values():
-        for key, (tp, default) in declared(task.settings).items():
+        for key, (tp, default) in (declared(task.settings) if task.settings is not None else {}).items():
             if key in COMMON_FIELDS:
                 raise TypeError(f"task {task.name}: task.{key} is a common setting; do not declare it again")
             if key in owner and out[key] != (tp, default):
@@ -75,7 +75,8 @@ def build_task_config(tasks: dict[str, TaskDef]) -> type:
         task.check(self)
         check_data_paths(self, tasks)
 
-    doc = "\n\n".join([CommonSettings.__doc__, *(f"{t}: {d.settings.__doc__}" for t, d in tasks.items())])
+    doc = "\n\n".join([CommonSettings.__doc__, *(f"{t}: {d.settings.__doc__}" for t, d in tasks.items()
+                                                   if d.settings is not None)])
     namespace = {"__annotations__": {k: tp for k, (tp, _) in fields.items()},
                  **{k: default for k, (_, default) in fields.items()},
                  "__post_init__": __post_init__, "__doc__": doc, "__module__": "study.tasks",
