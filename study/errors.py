@@ -31,3 +31,9 @@ class TrainingError(LoopstudyError, RuntimeError):
     results, rather than storing a NaN loss as if it were a result."""
 
     exit_code = 1
+
+
+def first_line(error: BaseException) -> str:
+    """An error's message cut to its first line (someone else's error, quoted inside one of loopstudy's)."""
+    text = str(error).strip()
+    return text.splitlines()[0][:200] if text else "(no message)"

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
+from study.errors import first_line
+
 GROUPS = {"carry_rules": "loopstudy.carry_rules", "tasks": "loopstudy.tasks"}
 OWN = "loopstudy"  # the distribution whose parts are the built-ins
 
@@ -44,6 +46,11 @@ class Plugin:
         """`dist==version`, what a trial's identity holds of an outside plugin."""
         return f"{self.dist}=={self.version}"
 
+    @property
+    def where(self) -> str:
+        """How an error names it: its name, entry point and distribution."""
+        return f"plugin {self.name!r} (entry point {self.group}: {self.name} = {self.value}, from {self.pin})"
+
 
 @dataclass
 class Found:
@@ -62,7 +69,7 @@ def discover(kind: str, expect: type) -> Found:
                                                                         e.name)):
         dist = ep.dist.name if ep.dist is not None else "?"
         origin = Plugin(group, ep.name, ep.value, dist, ep.dist.version if ep.dist is not None else "?")
-        where = f"plugin {ep.name!r} (entry point {group}: {ep.name} = {ep.value}, from {dist})"
+        where = origin.where
         if ep.name in found.origin:  # the first registration keeps the name (loopstudy's own come first)
             found.broken.setdefault(f"{ep.name} ({dist})", f"{where} takes a name that {found.origin[ep.name].dist} "
                                                            "registers already; rename it")
@@ -92,18 +99,12 @@ def set_aside_clashes(found: Found, fields: Callable[[Any], dict[str, Any]], com
         origin = found.origin[name]
         if clash is not None and not origin.builtin:
             whose = "a common setting" if clash in common else f"declared differently by {taken[clash][1]!r}"
-            found.broken[name] = (f"plugin {name!r} (entry point {origin.group}: {name} = {origin.value}, from "
-                                  f"{origin.pin}) declares {prefix}{clash}, {whose}; a shared key must mean one "
+            found.broken[name] = (f"{origin.where} declares {prefix}{clash}, {whose}; a shared key must mean one "
                                   "thing: rename it")
             del found.parts[name], found.origin[name]
             continue
         for key, spec in own.items():
             taken.setdefault(key, (spec, name))
-
-
-def first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0][:200] if text else "(no message)"
 
 
 

@@ -29,11 +29,10 @@ def stored_trial(value: str | None) -> tuple[str, str] | None:
 def checkpoint_file(path: str) -> str:
     """A local path of the `trm:` checkpoint `path` names, TRM_CONFIG beside it (an object-store URI: fetched into
     this machine's cache once per object version)."""
-    from study.errors import ConfigError, StoreError
-    from study.paths import local_copy
+    from study.errors import ConfigError, StoreError, first_line
+    from study.paths import local_copy, redacted
 
     try:
         return local_copy(path, TRM_CONFIG)
     except (StoreError, OSError) as e:
-        raise ConfigError(f"model.init_from {TRM}{path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") \
-            from None
+        raise ConfigError(f"model.init_from {TRM}{redacted(path)}: {first_line(e)}") from None

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from study.config import CARRY_RULES, RULES, CarryConfig
+from study.errors import first_line
 from study.models.block import RMS_EPS, rms_norm
 from study.models.infiloop_kernel import FLOATS, fused_step
 
@@ -231,8 +232,8 @@ def rule_class(rule: str) -> type[CarryRule]:
     try:
         cls = getattr(importlib.import_module(module), attr)
     except Exception as e:  # noqa: BLE001 - someone else's module: its error, in one line
-        raise RuleError(f"{where}: its module {defn.module} does not import: {type(e).__name__}: "
-                        f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}") from None
+        raise RuleError(f"{where}: its module {defn.module} does not import: {type(e).__name__}: {first_line(e)}") \
+            from None
     if not (isinstance(cls, type) and issubclass(cls, CarryRule)):
         raise RuleError(f"{where}: {defn.module} is not a study.models.carry.CarryRule subclass")
     missing = sorted(getattr(cls, "__abstractmethods__", ()))
@@ -244,8 +245,7 @@ def rule_class(rule: str) -> type[CarryRule]:
 def rule_origin(rule: str) -> str:
     from study.config.rules import FOUND
 
-    p = FOUND.origin.get(rule)
-    return f"carry rule {rule!r}" + (f" (entry point {p.group}: {p.name} = {p.value}, from {p.pin})" if p else "")
+    return FOUND.origin[rule].where if rule in FOUND.origin else f"carry rule {rule!r}"
 
 
 def make_carry(rule: str, d: int, cfg: CarryConfig) -> CarryRule:
@@ -277,5 +277,4 @@ def probe_rule(rule: str, cfg: CarryConfig, d: int = 8) -> None:
     except RuleError:
         raise
     except Exception as e:  # noqa: BLE001 - someone else's code: its error, in one line
-        raise RuleError(f"{where} fails on a tiny input: {type(e).__name__}: "
-                        f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}") from None
+        raise RuleError(f"{where} fails on a tiny input: {type(e).__name__}: {first_line(e)}") from None

@@ -10,7 +10,7 @@ import numpy as np
 
 from study.config import TrialConfig
 from study.config.rules import FOUND as RULES_FOUND
-from study.errors import ConfigError
+from study.errors import ConfigError, first_line
 from study.plugins import Plugin
 from study.tasks import FOUND as TASKS_FOUND
 from study.tasks import TASKS
@@ -59,8 +59,7 @@ def check_plugins(configs: list[TrialConfig], source: str) -> None:
 def probe_task(cfg: TrialConfig, source: str) -> None:
     """A tiny split of each kind from the task: arrays of the declared shape, tokens inside the vocabulary."""
     name = cfg.task.name
-    p = TASKS_FOUND.origin[name]
-    where = f"{source}: task {name!r} (entry point {p.group}: {p.name} = {p.value}, from {p.pin})"
+    where = f"{source}: {TASKS_FOUND.origin[name].where}"
     task = TASKS[name]
     try:
         spec = task.spec(cfg.task)
@@ -75,9 +74,7 @@ def probe_task(cfg: TrialConfig, source: str) -> None:
     except ConfigError:
         raise
     except Exception as e:  # noqa: BLE001 - someone else's code: its error, in one line
-        text = str(e).strip()
-        raise ConfigError(f"{where} fails to make 4 samples: {type(e).__name__}: "
-                          f"{text.splitlines()[0] if text else ''}") from None
+        raise ConfigError(f"{where} fails to make 4 samples: {type(e).__name__}: {first_line(e)}") from None
 
 
 def listing() -> list[str]:
