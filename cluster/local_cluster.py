@@ -57,11 +57,9 @@ def temp_dir(port: int) -> str:
 
 
 def start_head(port: int, dashboard_port: int) -> None:
-    # The head's processes (and jobs submitted to it) resolve their own IP as loopback. Its Ray client server takes
-    # a port derived from the cluster's, outside Ray's worker ports (10002-19999), instead of Ray's fixed 10001, so
-    # clusters on other ports run side by side (the test suite's, one per pytest-xdist worker).
+    # The head's processes (and jobs submitted to it) resolve their own IP as loopback.
     ray(["start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=0",
-         f"--temp-dir={temp_dir(port)}", f"--ray-client-server-port={20000 + port % 1000}",
+         f"--temp-dir={temp_dir(port)}",
          "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}",
          "--disable-usage-stats"], env={"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"})
 

@@ -17,15 +17,8 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
 
 
-def port(base: int) -> int:
-    """A test cluster's port: `base` for the first pytest-xdist worker (or a run without xdist), 10 more for each
-    further worker, so the workers' clusters never meet (the suite runs on 2 workers: pyproject's addopts)."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
-    return base + 10 * int(worker.removeprefix("gw") or 0)
-
-
-CLUSTER_PORT = str(port(6391))  # the shared test cluster's GCS port; its job server is on DASHBOARD_PORT
-DASHBOARD_PORT = str(port(8266))
+CLUSTER_PORT = "6391"  # the shared test cluster's GCS port; its job server is on DASHBOARD_PORT
+DASHBOARD_PORT = "8266"
 
 
 @pytest.fixture(scope="session", autouse=True)

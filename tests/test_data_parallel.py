@@ -27,7 +27,6 @@ from study.trial.execute import TrialContext, evaluate_stored, run_trial
 from study.trial.work import Reading
 
 from .conftest import REPO, local_cluster
-from .conftest import port as worker_port
 from .test_ray_studies import assert_rows_once, node_processes
 
 SPEC = REPO / "tests" / "specs" / "data_parallel.yaml"
@@ -134,10 +133,9 @@ def test_asha_stops_and_optuna_searches_two_worker_trials_and_a_stopped_trial_fr
 @pytest.fixture
 def three_node_cluster():
     """A cluster of its own (a node of it dies): head with no CPUs and worker nodes d1, d2, d3 of one CPU each."""
-    port = str(worker_port(6395))
+    port = "6395"
     local_cluster("stop", "--port", port)
-    info = json.loads(local_cluster("start", "--workers", "0", "--port", port, "--dashboard-port",
-                                    str(worker_port(8275))))
+    info = json.loads(local_cluster("start", "--workers", "0", "--port", port, "--dashboard-port", "8275"))
     try:
         for name in ("d1", "d2", "d3"):
             local_cluster("add-worker", "--name", name, "--port", port)

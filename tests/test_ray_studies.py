@@ -24,7 +24,6 @@ from optuna.storages.journal import JournalFileBackend
 from study.store import Store
 
 from .conftest import CLUSTER_PORT, REPO, local_cluster
-from .conftest import port as worker_port
 
 pytestmark = pytest.mark.ray
 
@@ -217,13 +216,12 @@ def test_stopping_a_local_cluster_leaves_other_rays_on_the_machine_running(ray_c
         sys.path.pop(0)
     ours = lc.cluster_pids(int(CLUSTER_PORT))
     assert ours
-    # a second cluster: stands in for a user's own Ray beside the tests
-    lc.start_head(worker_port(6397), worker_port(8297))
+    lc.start_head(6397, 8297)  # a second cluster: stands in for a user's own Ray beside the tests
     try:
-        other = lc.cluster_pids(worker_port(6397))
+        other = lc.cluster_pids(6397)
         assert other and not set(other) & set(ours)
     finally:
-        local_cluster("stop", "--port", str(worker_port(6397)))
+        local_cluster("stop", "--port", "6397")
     assert not [p for p in other if lc.alive(p)]
     assert all(lc.alive(p) for p in ours)  # the test cluster (another "user") is untouched
 
