@@ -1,6 +1,7 @@
 """TRM's training: ACT through the Q head (train.act), its loss head, Adam-atan2 and HRM's one-step gradient."""
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -209,3 +210,39 @@ def test_act_settings_that_cannot_run_are_refused_naming_the_fix(change, needle)
         sections[k] = {**sections.get(k, {}), **v}
     with pytest.raises(ValueError, match=needle):
         TrialConfig(**sections)
+
+
+def act_worker(rank: int, world: int, port: int, folder: str) -> None:
+    """One of `world` data-parallel workers of an ACT run (a gloo process group on 127.0.0.1)."""
+    import torch.distributed as dist
+
+    from study.trial.data_parallel import DataParallel
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        trainer = act_trainer(Path(folder), steps=6)
+        trainer = Trainer(trainer.model, trainer.task, trainer.cfg, seed=0, parallel=DataParallel(rank, world))
+        trainer.fit()
+        if rank == 0:
+            torch.save({"model": trainer.model.state_dict(), "losses": [h.loss for h in trainer.history]},
+                       Path(folder) / "two.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_data_parallel_workers_train_an_act_run_as_one_worker_does(tmp_path):
+    import socket
+
+    import torch.multiprocessing as mp
+
+    one = act_trainer(tmp_path, steps=6)
+    one.fit()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(act_worker, args=(2, port, str(tmp_path)), nprocs=2, join=True)
+    two = torch.load(tmp_path / "two.pt", weights_only=True)
+    # each worker carries its own rows; the global loss and the summed gradients are one worker's (float sums aside)
+    assert two["losses"] == pytest.approx([h.loss for h in one.history], rel=1e-5)
+    for name, value in one.model.state_dict().items():
+        assert torch.allclose(two["model"][name], value, atol=1e-5), name
