@@ -93,8 +93,7 @@ def test_training_augmentation_keeps_input_and_output_of_one_version_at_one_offs
     aug = task.augment(batch, np.random.default_rng(0))
     for x0, x, y in zip(batch.inputs, aug.inputs, aug.labels):
         q, pid = int(x0[-1]), int(x[-1])
-        a = pid - cat.first_id[q]
-        assert 0 <= a < len(cat.versions[q])
+        a = cat.ids[q].index(pid)
         v = cat.versions[q][a]
         board, target = x[:-1].reshape(10, 10), np.where(y[:-1] == IGNORE, PAD, y[:-1]).reshape(10, 10)
         rows, cols = np.nonzero(board >= 2)

@@ -424,3 +424,51 @@ def maze_config(size):
     from study.tasks import TaskConfig
 
     return TaskConfig(name="maze", size=size, min_path=10)
+
+
+def test_an_arc_checkpoint_reads_each_version_with_the_row_its_builders_identifiers_name(tmp_path):
+    import hashlib
+    import json
+
+    import numpy as np
+
+    from study.config import TaskConfig
+    from study.store import Store
+    from study.tasks.arc import catalogue_of
+    from study.tasks.arc_versions import trm_dihedral
+
+    puzzles = catalogue_of(TaskConfig(name="arc", size=6, n_train=2, n_test=2, n_aug=1)).puzzles
+    # the builder's names: the blank row, another dataset's puzzle, and each puzzle with two augmented versions
+    names = ["<blank>", "ffffffff"]
+    for i, p in enumerate(puzzles):
+        names += [p.id, f"{p.id}|||t{i % 8}|||0987654321", f"{p.id}|||t{(i + 5) % 8}|||0123456798"]
+    (tmp_path / "identifiers.json").write_text(json.dumps(names))
+    tensors = trm_tensors("trm", False, 16, 4, 12, 37, {"L": 1}, puzzles=len(names))
+    arch = {"name": ARCH_NAMES["trm"], "num_heads": 2, "expansion": 4, "H_cycles": 2, "L_cycles": 2, "L_layers": 1,
+            "H_layers": 0, "pos_encodings": "rope", "puzzle_emb_ndim": 16, "puzzle_emb_len": 4}
+    write_checkpoint(tmp_path / "ckpt", tensors, arch)
+    trial = tmp_path / "read.yaml"
+    trial.write_text("task: {name: arc, size: 6, n_train: 2, n_test: 2, identifiers: identifiers.json}\n"
+                     "model: {init_from: 'trm:ckpt/step_1000'}\ntrain: {steps: 0}\neval: {depths: [6]}\n")
+    proc = cli("trial", str(trial), "--store", str(tmp_path / "r"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    row = Store(tmp_path / "r").read("trials", "adhoc").to_pylist()[0]
+    assert row["init_sha256"] == hashlib.sha256((tmp_path / "ckpt" / "step_1000").read_bytes()).hexdigest()
+    # every test row of the evaluation puzzles carries the builder's row of its version, laid out as TRM lays it
+    from study.tasks.loader import load_task
+
+    cfg = TaskConfig(name="arc", size=6, n_train=2, n_test=2, identifiers=str(tmp_path / "identifiers.json"),
+                     cache_dir=str(tmp_path / "cache"))
+    cat, test = catalogue_of(cfg), load_task(cfg).test
+    assert cat.n_ids == len(names) and set(test.inputs[:, -1].tolist()) <= set(range(2, len(names)))
+    for r, x in zip(cat.test_rows, test.inputs):
+        name = names[int(x[-1])]
+        base, _, rest = name.partition("|||")
+        assert base == cat.puzzles[r.puzzle].id
+        t, mapping = (int(rest[1]), np.array([int(c) for c in rest[5:]])) if rest else (0, np.arange(10))
+        want = trm_dihedral(mapping[r.input], t)  # TRM's own augmentation of the test input
+        assert np.array_equal(x[:-1].reshape(6, 6)[:want.shape[0], :want.shape[1]] - 2, want)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(["<blank>", "ffffffff"]))
+    proc = cli("trial", str(trial), "task.identifiers=" + str(bad), "--store", str(tmp_path / "r2"))
+    assert proc.returncode == 2 and "names no version of ARC puzzle" in proc.stderr, proc.stderr

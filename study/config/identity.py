@@ -31,7 +31,7 @@ ADDED_LATER: dict[tuple[str, str], Any] = {
     ("model", "init"): "torch", ("model", "init_states"): "learned", ("model", "head_norm"): True,
     ("model", "puzzle_prefix"): 0, ("model", "q_head"): False, ("model", "init_from"): None,
     ("model", "inner_grad_steps"): None, ("train", "optimizer"): "adamw", ("train", "weight_decay_on"): "matrices",
-    ("train", "act"): "off", ("train", "halt_exploration"): 0.1,
+    ("train", "act"): "off", ("train", "halt_exploration"): 0.1, ("task", "identifiers"): None,
 }
 
 
@@ -71,7 +71,7 @@ def file_digest(path: str) -> str:
 
 # Config fields that name data files: a trial's identity holds their contents, not their paths (edit the CSV and
 # the trials are new; move it and they are the same).
-DATA_FILES = (("task", "csv"), ("task", "test_csv"))
+DATA_FILES = (("task", "csv"), ("task", "test_csv"), ("task", "identifiers"))
 
 
 def trial_id(cfg: TrialConfig, leave_out: tuple[str, ...] = ()) -> str:

@@ -152,10 +152,16 @@ class Reasoner(nn.Module):
 
     def logits(self, state: LoopState) -> torch.Tensor:
         """The output head on the outer state (normalised again with model.head_norm; TRM reads its post-norm
-        state as it is), one row per token: the puzzle prefix is dropped."""
+        state as it is), one row per token: the puzzle prefix is dropped (with ARC's puzzle-id column, a row of zeros
+        stands in its place)."""
         h = state.outer.h.to(self.head.weight.dtype)
         out = self.head(rms_norm(h) if self.cfg.head_norm else h)
-        return out[:, self.prefix:] if self.prefix else out
+        if not self.prefix:
+            return out
+        out = out[:, self.prefix:]
+        if self.ids_in_tokens:  # the puzzle-id column's place, which the prefix took (its label is never scored)
+            out = torch.cat([out, out.new_zeros(out.shape[0], 1, out.shape[2])], 1)
+        return out
 
     def q_logits(self, state: LoopState) -> tuple[torch.Tensor, torch.Tensor]:
         """TRM's Q head in float32 from the outer state's first position: (halt, continue) logits per sample."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from study.config import build_trial
+from study.config import DATA_FILES, build_trial
 from study.errors import ConfigError
 from study.paths import is_uri
 from study.spec import Study
@@ -74,7 +74,8 @@ def known_configs(study: Study) -> list:
 
 def data_files(study: Study) -> list[str]:
     """Task data files the study's trials read (the base config's for an Optuna search)."""
-    return [p for c in known_configs(study) for p in (c.task.csv, c.task.test_csv) if p]
+    return [path for c in known_configs(study) for section, name in DATA_FILES
+            if (path := getattr(getattr(c, section), name))]
 
 
 def check_storage(root: str, nodes: list[dict[str, Any]], shared: bool, data_files: list[str] = (),

@@ -23,7 +23,7 @@ from typing import Literal
 
 import numpy as np
 
-from study.tasks.arc_versions import IDENTITY, Version, dihedral
+from study.tasks.arc_versions import IDENTITY, Version, dihedral, read_identifiers
 from study.tasks.base import IGNORE, Split, TaskDef, TaskSpec
 
 PAD, EOS, COLOUR0 = 0, 1, 2
@@ -116,15 +116,13 @@ def versions(p: Puzzle, n_aug: int, seed: int) -> list[Version]:
 
 @dataclass(frozen=True)
 class Catalogue:
-    """The study's puzzles, each one's versions and the puzzle id of its first version (ids are consecutive)."""
+    """The study's puzzles, each one's versions and each version's puzzle id (consecutive from 0, or with
+    task.identifiers the rows of a TRM checkpoint's puzzle embedding); n_ids: the embedding's rows."""
 
     puzzles: tuple[Puzzle, ...]
     versions: tuple[tuple[Version, ...], ...]
-    first_id: tuple[int, ...]
-
-    @property
-    def n_ids(self) -> int:
-        return self.first_id[-1] + len(self.versions[-1]) if self.puzzles else 0
+    ids: tuple[tuple[int, ...], ...]
+    n_ids: int
 
     @functools.cached_property
     def test_rows(self) -> list[EvalRow]:
@@ -133,15 +131,32 @@ class Catalogue:
 
 
 @functools.lru_cache(maxsize=8)  # a pure function of its arguments, built once per process
-def catalogue(dataset: str, canvas: int, n_train: int, n_eval: int, n_aug: int, seed: int) -> Catalogue:
+def catalogue(dataset: str, canvas: int, n_train: int, n_eval: int, n_aug: int, seed: int,
+              identifiers: str | None = None) -> Catalogue:
     ps = puzzles(dataset, canvas, n_train, n_eval)
+    if identifiers is not None:
+        return named_catalogue(ps, identifiers)
     vs = tuple(tuple(versions(p, n_aug, seed)) for p in ps)
-    first = tuple(int(x) for x in np.cumsum([0, *(len(v) for v in vs[:-1])])) if vs else ()
-    return Catalogue(ps, vs, first)
+    first = np.cumsum([0, *(len(v) for v in vs)])
+    return Catalogue(ps, vs, tuple(tuple(range(a, b)) for a, b in zip(first[:-1].tolist(), first[1:].tolist())),
+                     int(first[-1]))
+
+
+def named_catalogue(ps: tuple[Puzzle, ...], identifiers: str) -> Catalogue:
+    """The versions TRM's ARC builder made, as its identifiers.json names them (arc_versions.read_identifiers), for
+    the study's puzzles: a checkpoint trained on them reads each version with its own embedding row."""
+    by_puzzle, n_names = read_identifiers(identifiers)
+    missing = [p.id for p in ps if p.id not in by_puzzle]
+    if missing:
+        raise ValueError(f"task.identifiers={identifiers!r} names no version of ARC puzzle {missing[0]} (and "
+                         f"{len(missing) - 1} more of the study's): it is not the identifiers.json of this dataset")
+    return Catalogue(ps, tuple(tuple(v for _, v in by_puzzle[p.id]) for p in ps),
+                     tuple(tuple(r for r, _ in by_puzzle[p.id]) for p in ps), n_names)
 
 
 def catalogue_of(cfg) -> Catalogue:
-    return catalogue(setting(cfg, "dataset"), cfg.size, cfg.n_train, cfg.n_test, setting(cfg, "n_aug"), cfg.data_seed)
+    return catalogue(setting(cfg, "dataset"), cfg.size, cfg.n_train, cfg.n_test, setting(cfg, "n_aug"), cfg.data_seed,
+                     cfg.identifiers)
 
 
 # -- canvas encoding ---------------------------------------------------------------------------------------------
@@ -213,7 +228,7 @@ def generate_split(cfg, which: str, n: int, seed: int) -> Split:
         pairs = []
         for t in cat.test_rows:
             v = cat.versions[t.puzzle][t.version]
-            pid = {"learned": cat.first_id[t.puzzle] + t.version, "none": 0,
+            pid = {"learned": cat.ids[t.puzzle][t.version], "none": 0,
                    "random": int(rng.integers(max(cat.n_ids, 1)))}[mode]
             pairs.append((pid, v.apply(t.input), v.apply(t.output)))
     # filled in place: the test set is every version of every test input (385,465 rows of 901 for ARC-AGI-1 at
@@ -239,7 +254,7 @@ def augment(batch: Split, cfg, rng: np.random.Generator) -> Split:
         inp, out = v.apply(crop(x[:-1])), v.apply(crop(np.where(y[:-1] == IGNORE, PAD, y[:-1])))
         h, w = max(inp.shape[0], out.shape[0]), max(inp.shape[1], out.shape[1])
         r0, c0 = int(rng.integers(C - h + 1)), int(rng.integers(C - w + 1))
-        pid = 0 if mode == "none" else cat.first_id[q] + a
+        pid = 0 if mode == "none" else cat.ids[q][a]
         x2, y2 = _row(inp, out, C, pid, r0, c0)
         xs.append(x2)
         ys.append(y2)
@@ -333,6 +348,10 @@ def check_config(cfg) -> None:
         if not any(p.role == role for p in kept):
             raise ValueError(f"no ARC {role} puzzle fits a {cfg.size}x{cfg.size} canvas (task.{key}="
                              f"{getattr(cfg, key)}); raise task.size (30 holds every puzzle)")
+    if cfg.identifiers is not None:
+        if cfg.n_aug is not None:
+            raise ValueError("task.n_aug and task.identifiers both say which versions there are; give one")
+        catalogue_of(cfg)  # the file's form and its puzzles, refused now
 
 
 def free_cells(split: Split) -> np.ndarray:
@@ -354,12 +373,16 @@ class Settings:
     """(methods.md 8.5) size: the canvas side (30: every puzzle; less keeps the puzzles whose grids all fit);
     n_train / n_test cap the training-set / evaluation-set puzzles. dataset: arc_agi_1 | arc_agi_2 (default
     arc_agi_1). n_aug: augmented versions per puzzle (default 8; the papers 1000). puzzle_embedding: learned
-    (default) | none (one shared id) | random (trained as learned, each test row read with a random puzzle id)."""
+    (default) | none (one shared id) | random (trained as learned, each test row read with a random puzzle id).
+    identifiers: the identifiers.json of TRM's ARC dataset builder (a file beside the dataset): the versions and
+    puzzle ids are the ones it names instead of task.n_aug drawn ones, so a TRM checkpoint's puzzle embedding reads
+    each version with its own row (model.init_from: trm:PATH)."""
 
     size: int = 4
     dataset: Literal["arc_agi_1", "arc_agi_2"] | None = None
     n_aug: int | None = None
     puzzle_embedding: Literal["learned", "none", "random"] | None = None
+    identifiers: str | None = None
 
 
 TASK = TaskDef("arc", spec=spec, generate=generate_split, check=check_config, augment=augment, free_cells=free_cells,

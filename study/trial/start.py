@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,22 +29,25 @@ from study.paths import is_uri, normalized_uri, redacted
 
 
 @functools.lru_cache(maxsize=8)
-def _read(path: str, size: int, mtime_ns: int) -> tuple[str, dict[str, Any]]:
-    from study.models.trm_checkpoint import CheckpointError, published_keys, read_arch, read_tensors, shape_facts
+def _read(path: str, size: int, mtime_ns: int) -> Facts:
+    from study.models.trm_checkpoint import published_keys, read_arch, read_tensors, shape_facts
 
     tensors = read_tensors(Path(path))
     kind, arch = read_arch(Path(path))
-    keys = published_keys(kind, arch, tensors, path)
-    rows = shape_facts(tensors)["puzzles"]
-    if rows > 1:  # Sudoku and Maze have one identifier (0); ARC's follow its builder's identifiers.json
-        raise CheckpointError(f"checkpoint {path} has {rows} puzzle-embedding rows (an ARC model): they are numbered "
-                              "by the dataset builder's identifiers.json, which loopstudy does not map onto its own "
-                              "ARC puzzle versions, so its logits would read other puzzles' rows; refused")
-    return kind, keys
+    return Facts(kind, published_keys(kind, arch, tensors, path), shape_facts(tensors)["puzzles"])
 
 
-def checkpoint_facts(path: str) -> tuple[str, dict[str, Any]]:
-    """('trm' or 'hrm', the model keys the checkpoint implies), read once per file version."""
+@dataclass(frozen=True)
+class Facts:
+    """What a checkpoint says of itself: 'trm' or 'hrm', the model keys it implies, its puzzle-embedding rows."""
+
+    kind: str
+    keys: dict[str, Any]
+    puzzle_rows: int
+
+
+def checkpoint_facts(path: str) -> Facts:
+    """The checkpoint's Facts, read once per file version."""
     path = checkpoint_file(path)
     try:
         st = os.stat(path)
@@ -66,8 +70,7 @@ def resolve_init_from(data: dict[str, Any], base: Path, source: str) -> dict[str
         path = Path(path).expanduser()
         path = str(path if path.is_absolute() else (base / path).resolve())
     model["init_from"] = TRM + path
-    _, keys = checkpoint_facts(path)
-    for key, value in keys.items():
+    for key, value in checkpoint_facts(path).keys.items():
         if key not in model:
             model[key] = value
         elif model[key] != value:
@@ -92,8 +95,14 @@ def check_init_from(configs: list[TrialConfig], source: str) -> None:
         if (path, repr(cfg.model), spec) in seen:
             continue
         seen.add((path, repr(cfg.model), spec))
-        kind, _ = checkpoint_facts(path)
-        to_state_dict(read_tensors(Path(checkpoint_file(path))), kind, build_reasoner(cfg.model, spec),
+        facts = checkpoint_facts(path)
+        rows = facts.puzzle_rows
+        if rows > 1 and not (cfg.task.name == "arc" and cfg.task.identifiers):
+            # Sudoku and Maze have one identifier (0); ARC's rows follow its builder's identifiers.json
+            raise ConfigError(f"{source}: checkpoint {redacted(path)} has {rows} puzzle-embedding rows (an ARC model), "
+                              "numbered by the dataset builder's identifiers.json; give that file as task.identifiers "
+                              "(task arc), so each puzzle version reads its own row")
+        to_state_dict(read_tensors(Path(checkpoint_file(path))), facts.kind, build_reasoner(cfg.model, spec),
                       f"{source}: checkpoint {redacted(path)}")
 
 
@@ -104,9 +113,9 @@ def load_start(model, cfg: TrialConfig, store=None) -> str | None:
     if path is not None:
         from study.models.trm_checkpoint import read_tensors, to_state_dict
 
-        kind, _ = checkpoint_facts(path)
         local = checkpoint_file(path)
-        state = to_state_dict(read_tensors(Path(local)), kind, model, f"checkpoint {redacted(path)}")
+        state = to_state_dict(read_tensors(Path(local)), checkpoint_facts(path).kind, model,
+                              f"checkpoint {redacted(path)}")
         model.load_state_dict(state, strict=False)  # (only the carry rules' own parameters are not in it)
         return file_digest(local)
     where = stored_trial(source)
