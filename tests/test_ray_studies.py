@@ -169,6 +169,12 @@ def test_driver_killed_mid_study_then_resume_completes_without_rerunning_even_wh
                       if last_report(d).get("trial") not in done}
     os.killpg(driver.pid, signal.SIGKILL)
     driver.wait()
+    # The trials' processes live on the worker nodes, not in the driver's process group: Ray ends them once it sees
+    # the driver gone. Until then one may still write a checkpoint, so wait for them before deleting any.
+    deadline = time.time() + 120
+    while training_on("w1") or training_on("w2"):
+        assert time.time() < deadline, "a trial outlived its driver by two minutes"
+        time.sleep(0.5)
     done = complete_ids(tmp_path, "tiny")  # a trial may have completed since: it is then skipped, not resumed
     unfinished = {d: c for d, c in unfinished.items() if last_report(d).get("trial") not in done}
     trial_dirs = sorted(unfinished)
