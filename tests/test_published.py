@@ -305,12 +305,16 @@ def cli(*args, cwd=None):
                           text=True, timeout=300)
 
 
+# the config of the small TRM-Att checkpoints the command-line tests read (hidden 16, one layer, H2 L2, prefix 4)
+SMALL_TRM_ARCH = {"name": ARCH_NAMES["trm"], "num_heads": 2, "expansion": 4, "H_cycles": 2, "L_cycles": 2,
+                  "L_layers": 1, "H_layers": 0, "pos_encodings": "rope", "puzzle_emb_ndim": 16, "puzzle_emb_len": 4}
+
+
 @pytest.fixture
 def sudoku_checkpoint(tmp_path):
     """A TRM-Att checkpoint for 4x4 Sudoku (vocab 6, 16 cells) and a trial file that reads it at depth."""
     tensors = trm_tensors("trm", False, 16, 4, 6, 16, {"L": 1})
-    arch = {"name": ARCH_NAMES["trm"], "num_heads": 2, "expansion": 4, "H_cycles": 2, "L_cycles": 2, "L_layers": 1,
-            "H_layers": 0, "pos_encodings": "rope", "puzzle_emb_ndim": 16, "puzzle_emb_len": 4}
+    arch = SMALL_TRM_ARCH
     write_checkpoint(tmp_path / "ckpt", tensors, arch)
     trial = tmp_path / "read.yaml"
     trial.write_text("task: {name: sudoku, size: 4, n_train: 32, n_test: 16}\n"
@@ -401,8 +405,7 @@ def test_an_arc_checkpoint_is_refused_in_one_line_for_its_builders_puzzle_number
     from study.cli import main
 
     tensors = trm_tensors("trm", False, 16, 4, 12, 16, {"L": 1}, puzzles=40)
-    arch = {"name": ARCH_NAMES["trm"], "num_heads": 2, "expansion": 4, "H_cycles": 2, "L_cycles": 2, "L_layers": 1,
-            "H_layers": 0, "pos_encodings": "rope", "puzzle_emb_ndim": 16, "puzzle_emb_len": 4}
+    arch = SMALL_TRM_ARCH
     write_checkpoint(tmp_path / "ckpt", tensors, arch)
     trial = tmp_path / "read.yaml"
     trial.write_text("task: {name: arc, size: 4}\nmodel: {init_from: 'trm:ckpt/step_1000'}\ntrain: {steps: 0}\n")
@@ -444,8 +447,7 @@ def test_an_arc_checkpoint_reads_each_version_with_the_row_its_builders_identifi
         names += [p.id, f"{p.id}|||t{i % 8}|||0987654321", f"{p.id}|||t{(i + 5) % 8}|||0123456798"]
     (tmp_path / "identifiers.json").write_text(json.dumps(names))
     tensors = trm_tensors("trm", False, 16, 4, 12, 37, {"L": 1}, puzzles=len(names))
-    arch = {"name": ARCH_NAMES["trm"], "num_heads": 2, "expansion": 4, "H_cycles": 2, "L_cycles": 2, "L_layers": 1,
-            "H_layers": 0, "pos_encodings": "rope", "puzzle_emb_ndim": 16, "puzzle_emb_len": 4}
+    arch = SMALL_TRM_ARCH
     write_checkpoint(tmp_path / "ckpt", tensors, arch)
     trial = tmp_path / "read.yaml"
     trial.write_text("task: {name: arc, size: 6, n_train: 2, n_test: 2, identifiers: identifiers.json}\n"

@@ -140,11 +140,10 @@ def test_a_trm_checkpoint_on_s3_is_read_at_depth_from_each_machines_cached_copy(
     import pyarrow.fs as pafs
     import yaml
 
-    from .test_published import ARCH_NAMES, trm_tensors, write_checkpoint
+    from .test_published import SMALL_TRM_ARCH, trm_tensors, write_checkpoint
 
     tensors = trm_tensors("trm", False, 16, 4, 6, 16, {"L": 1})
-    arch = {"name": ARCH_NAMES["trm"], "num_heads": 2, "expansion": 4, "H_cycles": 2, "L_cycles": 2, "L_layers": 1,
-            "H_layers": 0, "pos_encodings": "rope", "puzzle_emb_ndim": 16, "puzzle_emb_len": 4}
+    arch = SMALL_TRM_ARCH
     local = write_checkpoint(tmp_path / "ckpt", tensors, arch)
     uri = s3_env["uri"].format(prefix=request.node.name)
     fs, key = pafs.FileSystem.from_uri(uri.replace("?", "/step_1000?"))

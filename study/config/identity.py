@@ -109,8 +109,7 @@ def outside_plugins(cfg: TrialConfig, d: dict[str, Any]) -> None:
     from study.config.rules import FOUND as RULES_FOUND
     from study.tasks import FOUND as TASKS_FOUND
 
-    axes = ("flat",) if cfg.model.kind == "flat" else ("inner", "outer")
-    used = {cfg.model.carry.rule_for(a) for a in axes}
+    used = cfg.model.rules
     own = {k for n, r in RULES_FOUND.parts.items() if RULES_FOUND.origin[n].builtin or n in used for k in r.reads}
     for key in {k for r in RULES_FOUND.parts.values() for k in r.reads} - own:
         d["model"]["carry"].pop(key, None)

@@ -151,6 +151,12 @@ class ModelConfig:
                              "model.residual_scaling")
 
     @property
+    def rules(self) -> set[str]:
+        """The carry rules the model's loop axes run (inner and outer, or the flat loop's)."""
+        axes = ("flat",) if self.kind == "flat" else ("inner", "outer")
+        return {self.carry.rule_for(a) for a in axes}
+
+    @property
     def layers_per_step(self) -> int:
         """Executed layers per outer cycle (nested) or per iteration (flat)."""
         return layers_per_step(self.kind, self.L, self.n_layers, self.h_layers)
@@ -355,7 +361,6 @@ class TrialConfig:
         if self.train.progressive:
             raise ValueError(f"train.act={act} and train.progressive={self.train.progressive} both decide how many "
                              "updates a sample gets; set train.progressive=0")
-        axes = ("flat",) if self.model.kind == "flat" else ("inner", "outer")
-        if any(self.model.carry.rule_for(a) == "full_attnres" for a in axes):
+        if "full_attnres" in self.model.rules:
             raise ValueError(f"train.act={act} carries samples at different steps in one batch, and "
                              "full_attnres's candidate list has one length per batch; use another model.carry.rule")

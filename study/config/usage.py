@@ -19,9 +19,7 @@ from study.tasks.settings import declared
 
 def uses(cfg: TrialConfig, *rules: str) -> bool:
     """Whether any loop axis of the model runs one of `rules`."""
-    m = cfg.model
-    axes = ("flat",) if m.kind == "flat" else ("inner", "outer")
-    return any(m.carry.rule_for(a) in rules for a in axes)
+    return bool(cfg.model.rules & set(rules))
 
 
 def eval_halting(cfg: TrialConfig) -> bool:

@@ -16,16 +16,11 @@ from study.tasks import FOUND as TASKS_FOUND
 from study.tasks import TASKS
 
 
-def rules_of(cfg: TrialConfig) -> set[str]:
-    axes = ("flat",) if cfg.model.kind == "flat" else ("inner", "outer")
-    return {cfg.model.carry.rule_for(a) for a in axes}
-
-
 def used_plugins(configs: list[TrialConfig]) -> list[Plugin]:
     """The outside plugins (not loopstudy's own parts) the trials run, each once."""
     out: dict[tuple[str, str], Plugin] = {}
     for cfg in configs:
-        for name in rules_of(cfg):
+        for name in cfg.model.rules:
             p = RULES_FOUND.origin[name]
             out.setdefault((p.group, name), p)
         p = TASKS_FOUND.origin[cfg.task.name]
@@ -42,7 +37,7 @@ def check_plugins(configs: list[TrialConfig], source: str) -> None:
 
     seen = set()
     for cfg in configs:
-        for name in sorted(rules_of(cfg)):
+        for name in sorted(cfg.model.rules):
             key = ("rule", name, repr(cfg.model.carry))
             if (RULES_FOUND.origin[name].group, name) in outside and key not in seen:
                 seen.add(key)
