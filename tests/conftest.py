@@ -15,6 +15,16 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # A multi-worker trial's reports wait for Ray Train's controller to collect them, once per poll (2 s by default);
 # the tests' trials report every few steps, so their clusters poll more often
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
+# The GCS declares a node dead after this many failed health checks this far apart (Ray's defaults: 5 x 3 s). A
+# killed node refuses its checks at once, so the node-kill tests wait ~3 s for the retry instead of ~15 s; a live
+# node that is slow to answer still has each check's own timeout (10 s) before a check counts as failed.
+os.environ.setdefault("RAY_health_check_period_ms", "1000")
+os.environ.setdefault("RAY_health_check_failure_threshold", "3")
+
+# Ray Train's spot-preemption watcher is one more actor process per trial (two seconds of start-up on these cores)
+# and its metrics callbacks more work at every report; nothing here is a spot instance or reads Ray's metrics.
+os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
+os.environ.setdefault("RAY_TRAIN_METRICS_ENABLED", "0")
 
 
 CLUSTER_PORT = "6391"  # the shared test cluster's GCS port; its job server is on DASHBOARD_PORT
@@ -43,10 +53,9 @@ def ray_cluster():
     """Head (0 CPUs, job server on 127.0.0.1:DASHBOARD_PORT) + workers w1, w2 (1 CPU each). Stopped at the end:
     only this cluster's processes (a Ray the user runs beside the tests is left alone)."""
     local_cluster("stop", "--port", CLUSTER_PORT)  # leftovers of an earlier run of this cluster, if any
-    info = json.loads(local_cluster("start", "--workers", "2", "--port", CLUSTER_PORT, "--dashboard-port",
-                                    DASHBOARD_PORT))
-    try:
-        yield info
+    try:  # (a start that fails half-way is stopped too)
+        yield json.loads(local_cluster("start", "--workers", "2", "--port", CLUSTER_PORT, "--dashboard-port",
+                                       DASHBOARD_PORT))
     finally:
         local_cluster("stop", "--port", CLUSTER_PORT)
 

@@ -175,3 +175,29 @@ def test_the_cluster_image_runs_the_ray_that_pyproject_pins():
     version = ray.split("==", 1)[1]
     image = next(line for line in (REPO / "Dockerfile").read_text().splitlines() if line.startswith("ARG RAY_IMAGE"))
     assert f"rayproject/ray:{version}-" in image, (ray, image)
+
+
+# What a reading command may not import: each is a second or so at every start (torch alone is ~1.7 s on two
+# cores), which made `loopstudy status` several times slower than the read it answers.
+HEAVY = ("torch", "matplotlib", "pandas", "scipy.stats", "ray")
+
+
+def test_the_reading_commands_start_without_torch_matplotlib_pandas_or_ray(tmp_path):
+    from study.store import Store
+    from study.store.layout import spec_file
+
+    from .test_figures import write_study
+
+    store = Store(tmp_path)
+    write_study(store, "s", ["a", "b"])
+    tiny = (REPO / "tests" / "specs" / "tiny.yaml").read_text()
+    store.put_text(spec_file("s"), tiny.replace("name: tiny", "name: s"))
+    commands = [["ls"], ["status", "s"], ["table", "depth", "--study", "s", "--all"],
+                ["table", "compare", "--study", "s", "--all", "--baseline", "a"],
+                ["query", "SELECT count(*) FROM trials"]]
+    code = ("import sys; from study.cli import main\n"
+            f"for args in {commands!r}: assert main([*args, '--store', {str(tmp_path)!r}]) == 0, args\n"
+            f"print(sorted(m for m in sys.modules if m in {HEAVY!r}))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout[-2000:]

@@ -26,8 +26,8 @@ from study.store import Store
 from study.trial.execute import TrialContext, evaluate_stored, run_trial
 from study.trial.work import Reading
 
-from .conftest import REPO, local_cluster
-from .test_ray_studies import assert_rows_once, node_processes
+from .conftest import CLUSTER_PORT, REPO
+from .test_ray_studies import add_node, assert_rows_once, node_processes, remove_node
 
 SPEC = REPO / "tests" / "specs" / "data_parallel.yaml"
 
@@ -35,32 +35,32 @@ SPEC = REPO / "tests" / "specs" / "data_parallel.yaml"
 READ_AGAIN = {"depths": [4, 8]}  # `loopstudy evaluate dp eval.depths=[4,8]`: a reading of the stored weights
 
 
-def one_worker_reference(root: Path) -> list[str]:
-    """Each trial of the spec trained and evaluated by one process, no Ray, and its weights read again at other
-    depths: what two workers must reproduce. Returns the readings' trial ids."""
-    readings = []
-    for cfg in load_study(SPEC).trials:
+def one_worker_reference(root: Path) -> tuple[str, str]:
+    """Each trial of the spec trained and evaluated by one process, no Ray, and the first one's weights read again
+    at other depths: what two workers must reproduce. Returns (that trial's id, its reading's id)."""
+    trials = load_study(SPEC).trials
+    for cfg in trials:
         cfg.train.threads = 1
-        context = TrialContext(Store(str(root)), "dp")
-        run_trial(cfg, context=context)
-        data = to_dict(cfg)
-        data["eval"].update(READ_AGAIN)
-        readings.append(Reading(build_trial(data, "test")))
-        evaluate_stored(trial_id(cfg), readings[-1:], context=context)
-    return [r.tid for r in readings]
+        run_trial(cfg, context=TrialContext(Store(str(root)), "dp"))
+    data = to_dict(trials[0])
+    data["eval"].update(READ_AGAIN)
+    reading = Reading(build_trial(data, "test"))
+    evaluate_stored(trial_id(trials[0]), [reading], context=TrialContext(Store(str(root)), "dp"))
+    return trial_id(trials[0]), reading.tid
 
 
-def train_worker_nodes(resources: list[str]) -> set[str]:
-    """The worker nodes (by their custom resource) running a Ray Train worker now."""
-    return {r for r in resources if any("RayTrainWorker" in args for args in node_processes(r).values())}
+def train_worker_nodes(resources: list[str], port: str = CLUSTER_PORT) -> set[str]:
+    """The worker nodes (by their custom resource) of the cluster on `port` running a Ray Train worker now."""
+    return {r for r in resources if any("RayTrainWorker" in args for args in node_processes(r, port).values())}
 
 
 @pytest.mark.ray
 def test_two_workers_on_two_nodes_train_the_same_model_as_one_and_write_its_rows_once(ray_cluster, tmp_path):
     """Deep supervision with truncated BPTT, the progressive loss and ARC's puzzle embedding under sign-SGD: the
     loss curve, the final EMA weights and the depth rows of a 2-worker trial match one worker's, and so do the rows
-    of `loopstudy evaluate` reading its weights again on 2 workers (each worker rolls out half the test set)."""
-    reading_ids = one_worker_reference(tmp_path / "one")
+    of `loopstudy evaluate` reading one trial's weights again on 2 workers (each worker rolls out half the test
+    set)."""
+    read_tid, reading_id = one_worker_reference(tmp_path / "one")
     driver = subprocess.Popen([sys.executable, "-m", "study.cli", "run", str(SPEC), "--address",
                                ray_cluster["address"], "--store", str(tmp_path / "two"), "--no-plot"],
                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -90,15 +90,15 @@ def test_two_workers_on_two_nodes_train_the_same_model_as_one_and_write_its_rows
         assert "puzzle.weight" in w1 and w1.keys() == w2.keys()
         for k in w1:
             np.testing.assert_allclose(w2[k], w1[k], atol=1e-6, err_msg=k)
-    reread = subprocess.run([sys.executable, "-m", "study.cli", "evaluate", "dp", "eval.depths=[4,8]", "--address",
-                             ray_cluster["address"], "--store", two, "--no-plot"],
+    reread = subprocess.run([sys.executable, "-m", "study.cli", "evaluate", "dp", "eval.depths=[4,8]", "--trials",
+                             read_tid, "--address", ray_cluster["address"], "--store", two, "--no-plot"],
                             cwd=REPO, capture_output=True, text=True, timeout=600)
     assert reread.returncode == 0, reread.stderr[-3000:]
-    readings = pl.from_arrow(Store(two).read("trials", "dp")).filter(pl.col("trial_id").is_in(reading_ids))
-    assert readings.height == 2 and readings["workers"].to_list() == [2, 2]
+    readings = pl.from_arrow(Store(two).read("trials", "dp")).filter(pl.col("trial_id") == reading_id)
+    assert readings["workers"].to_list() == [2]
     keys = ["trial_id", "depth_layers", "difficulty"]
     d1, d2 = table(one, "depth_eval", keys), table(two, "depth_eval", keys)
-    assert set(d2["trial_id"]) >= set(reading_ids) and d2["depth_layers"].n_unique() == 4  # 6, 12 and 4, 8
+    assert reading_id in set(d2["trial_id"]) and d2["depth_layers"].n_unique() == 4  # 6, 12 and 4, 8
     assert d1.drop(DEPTH_WALL_CLOCK).equals(d2.drop(DEPTH_WALL_CLOCK))  # split and merged as one worker reads
 
 
@@ -130,27 +130,28 @@ def test_asha_stops_and_optuna_searches_two_worker_trials_and_a_stopped_trial_fr
     assert not train_worker_nodes(["w1", "w2"]), "a Ray Train worker outlived its search"
 
 
-@pytest.fixture
-def three_node_cluster():
-    """A cluster of its own (a node of it dies): head with no CPUs and worker nodes d1, d2, d3 of one CPU each."""
-    port = "6395"
-    local_cluster("stop", "--port", port)
-    info = json.loads(local_cluster("start", "--workers", "0", "--port", port, "--dashboard-port", "8275"))
-    try:
-        for name in ("d1", "d2", "d3"):
-            local_cluster("add-worker", "--name", name, "--port", port)
-        yield info
-    finally:
-        local_cluster("stop", "--port", port)
-
-
 # the node dies at a checkpoint Ray Train registered, mid-training (300 steps, 6 s of training, once ended before
 # the kill landed)
 KILL_STEPS = 600
 
 
 @pytest.mark.ray
-def test_a_two_worker_trial_resumes_from_its_checkpoint_when_a_worker_node_dies(three_node_cluster, tmp_path):
+def test_a_two_worker_trial_resumes_from_its_checkpoint_when_a_worker_node_dies(ray_cluster, tmp_path):
+    """On the shared cluster with a third worker node, w3, so that two nodes are left for the retry; the cluster
+    is w1 and w2 again afterwards."""
+    add_node("w3")
+    killed: list[str] = []
+    try:
+        run_and_kill_a_worker_node(ray_cluster["address"], tmp_path, killed)
+    finally:
+        if set(killed) & {"w1", "w2"}:
+            add_node(killed[0])  # the node the later tests know by that name
+        if "w3" not in killed:
+            remove_node("w3", ray_cluster["dashboard"])
+
+
+def run_and_kill_a_worker_node(address: str, tmp_path: Path, killed: list[str]) -> None:
+    """The test above, naming the node it kills in `killed`."""
     spec = tmp_path / "dp_kill.yaml"
     spec.write_text(SPEC.read_text().replace("name: dp", "name: dp_kill")
                     .replace("    - {name: progressive, train.n_sup: 1, train.progressive: 0.5, model.grad_steps: 3}\n",
@@ -158,8 +159,8 @@ def test_a_two_worker_trial_resumes_from_its_checkpoint_when_a_worker_node_dies(
                     .replace("steps: 8,", f"steps: {KILL_STEPS},").replace("log_every: 2, checkpoint_every: 2}",
                                                                   "log_every: 40, checkpoint_every: 20}")
                     .replace("  seeds: [0]", "  seeds: [0]\n  max_failures: 2"))
-    driver = subprocess.Popen([sys.executable, "-m", "study.cli", "run", str(spec), "--address",
-                               three_node_cluster["address"], "--store", str(tmp_path / "r"), "--no-plot"],
+    driver = subprocess.Popen([sys.executable, "-m", "study.cli", "run", str(spec), "--address", address, "--store",
+                               str(tmp_path / "r"), "--no-plot"],
                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
     busy: set[str] = set()
@@ -171,9 +172,10 @@ def test_a_two_worker_trial_resumes_from_its_checkpoint_when_a_worker_node_dies(
     while not (busy and any("checkpoint_path" in f.read_text() for f in results())):
         assert driver.poll() is None, driver.communicate()[1][-3000:]
         assert time.time() < deadline
-        busy = train_worker_nodes(["d1", "d2", "d3"])
+        busy = train_worker_nodes(["w1", "w2", "w3"])
         time.sleep(0.1)
-    for pid in node_processes(sorted(busy)[0]):  # a node with a worker on it dies mid-training
+    killed.append(sorted(busy)[0])
+    for pid in node_processes(killed[0]):  # a node with a worker on it dies mid-training
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     out, err = driver.communicate(timeout=600)

@@ -16,7 +16,8 @@ from study.config import build_trial, trial_id
 from study.config.rules import FOUND as RULES_FOUND
 from study.store import Store
 
-from .conftest import CLUSTER_PORT, REPO
+from .conftest import REPO
+from .test_ray_studies import add_node, remove_node
 
 SPEC = "examples/plugins/momentum_reverse.yaml"
 
@@ -157,13 +158,6 @@ def test_broken_plugins_installed_beside_others_leave_every_other_part_working(b
     assert loopstudy("schema", env=env).returncode == 0
 
 
-def add_node(name: str, env: dict[str, str]) -> None:
-    proc = subprocess.run([sys.executable, str(REPO / "cluster" / "local_cluster.py"), "add-worker", "--name", name,
-                           "--port", CLUSTER_PORT], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **env})
-    assert proc.returncode == 0, proc.stderr[-2000:]
-
-
 def test_a_plugin_study_runs_on_the_cluster_and_every_reader_names_the_plugins_settings(ray_cluster, tmp_path):
     overrides = ["train.steps=30", "sweep.optuna.num_samples=3", "task.n_train=256", "task.n_test=32"]
     proc = loopstudy("run", SPEC, *overrides, "--address", ray_cluster["address"], "--store", str(tmp_path),
@@ -194,7 +188,7 @@ def test_a_node_with_another_version_of_a_plugin_is_refused_by_name_before_any_t
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: loopstudy-example-plugins\nVersion: 0.0.1\n")
     (info / "entry_points.txt").write_text("[loopstudy.carry_rules]\nmomentum = loopstudy_example.momentum:RULE\n"
                                            "[loopstudy.tasks]\nreverse = loopstudy_example.reverse:TASK\n")
-    add_node("old", {"PYTHONPATH": str(old)})
+    add_node("old", {"PYTHONPATH": str(old)})  # (removed again below: the next test's preflight must not meet it)
     try:
         proc = loopstudy("run", SPEC, "train.steps=10", "--address", ray_cluster["address"], "--store",
                          str(tmp_path / "r"), "--no-plot")
@@ -205,24 +199,6 @@ def test_a_node_with_another_version_of_a_plugin_is_refused_by_name_before_any_t
         assert not (tmp_path / "r" / "trials").exists()
     finally:
         remove_node("old", ray_cluster["dashboard"])
-
-
-def remove_node(name: str, dashboard: str) -> None:
-    """Kill the node carrying resource `name` and wait until the cluster counts it dead (the next test's preflight
-    must not meet it); asked through the dashboard's state API, which needs no driver."""
-    import time
-
-    from ray.util.state import list_nodes
-
-    from .test_ray_studies import node_processes
-
-    for pid in node_processes(name):
-        os.kill(pid, 9)
-    deadline = time.time() + 120
-    while any(n.state == "ALIVE" and name in (n.resources_total or {})
-              for n in list_nodes(address=dashboard, detail=True, raise_on_missing_output=False)):
-        assert time.time() < deadline, f"node {name} still counted alive"
-        time.sleep(0.5)
 
 
 def test_the_example_distribution_is_what_the_readme_installs():

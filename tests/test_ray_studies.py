@@ -365,9 +365,9 @@ def test_resume_with_a_damaged_tune_state_runs_the_saved_spec(ray_cluster, tmp_p
     assert_rows_once(tmp_path, "tiny", 4)
 
 
-def node_processes(resource_name: str) -> dict[int, str]:
-    """{pid: command line} of the raylet that carries `resource_name` and of its descendants (its workers, whose
-    titles, once they run a task, name neither the raylet nor its socket)."""
+def node_processes(resource_name: str, port: str = CLUSTER_PORT) -> dict[int, str]:
+    """{pid: command line} of the raylet of the cluster on `port` that carries `resource_name`, and of its
+    descendants (its workers, whose titles, once they run a task, name neither the raylet nor its socket)."""
     out = subprocess.run(["ps", "-ww", "-eo", "pid=,ppid=,args="], capture_output=True, text=True).stdout
     procs = {}
     for line in out.splitlines():
@@ -377,13 +377,36 @@ def node_processes(resource_name: str) -> dict[int, str]:
     for pid, (_, args) in procs.items():
         resources = next((a.split("=", 1)[1].split(",") for a in args.split()
                           if a.startswith("--static_resource_list=")), [])
-        if "/raylet " in args and resource_name in resources[::2]:
+        if "/raylet " in args and resource_name in resources[::2] and f"--gcs-address=127.0.0.1:{port} " in args:
             raylet = pid
     assert raylet is not None, f"no raylet with resource {resource_name}"
     ours = {raylet}
     while grown := {pid for pid, (ppid, _) in procs.items() if ppid in ours} - ours:
         ours |= grown
     return {pid: procs[pid][1] for pid in ours}
+
+
+def add_node(name: str, env: dict[str, str] | None = None) -> None:
+    """One more one-CPU worker node on the shared test cluster, carrying resource `name` (and `env` besides ours)."""
+    proc = subprocess.run([sys.executable, str(REPO / "cluster" / "local_cluster.py"), "add-worker", "--name", name,
+                           "--port", CLUSTER_PORT], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {})})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def remove_node(name: str, dashboard: str) -> None:
+    """Kill the node carrying resource `name` and wait until the cluster counts it dead (the next test's preflight
+    must not meet it); asked through the dashboard's state API, which needs no driver."""
+    from ray.util.state import list_nodes
+
+    for pid in node_processes(name):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.time() + 120
+    while any(n.state == "ALIVE" and name in (n.resources_total or {})
+              for n in list_nodes(address=dashboard, detail=True, raise_on_missing_output=False)):
+        assert time.time() < deadline, f"node {name} still counted alive"
+        time.sleep(0.5)
 
 
 def training_on(resource_name: str) -> bool:

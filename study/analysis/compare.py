@@ -132,13 +132,14 @@ def holm(p: list[float | None]) -> list[float | None]:
 
 
 def row(setting: str, diffs: np.ndarray, unpaired: list[int], base: np.ndarray, cmp: Comparison) -> dict:
-    from scipy import stats
+    from scipy.special import stdtr
 
     n = len(diffs)
     mean = float(diffs.mean()) if n else None
     sd = float(diffs.std(ddof=1)) if n > 1 else None
     half = t975(n) * sd / math.sqrt(n) if sd is not None else None
-    p = float(stats.ttest_1samp(diffs, 0.0).pvalue) if n > 1 and sd else None  # (sd 0: every pair alike)
+    # the one-sample t-test's two-sided p (scipy.stats.ttest_1samp's, from the t CDF it uses); sd 0: pairs alike
+    p = float(2 * stdtr(n - 1, -abs(mean / (sd / math.sqrt(n))))) if n > 1 and sd else None
     out = {"setting": setting, "n_pairs": n, "baseline_mean": float(base.mean()) if n else None, "diff": mean,
            "ci95_lo": mean - half if half is not None else None, "ci95_hi": mean + half if half is not None else None,
            "p": p, "unpaired_seeds": ",".join(map(str, unpaired)) or None}

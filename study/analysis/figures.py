@@ -1,15 +1,5 @@
-"""Figures from the results store alone (matplotlib, Agg; no torch, no Ray). Each is written as PNG and PDF.
-
-depth          exact accuracy vs executed layers (log x), mean line and 95% CI band per setting, paper markers
-difficulty     exact accuracy by difficulty at the deepest depth, per setting
-gamma          InfiLoop step size gamma_t aligned to each puzzle's solving update (offset 0)
-score          content score (median) against the number of wrong cells
-eff_layers     effective layers against difficulty (halting)
-perturbation   solved puzzles kept and relative distance after a perturbation, per eps
-overthinking   exact accuracy vs depth as a multiple of training depth, with Deep Thinking's published curves
-checkpoints    accuracy vs the training step of the weights read, a line per test-time depth, a panel per setting
-pareto         accuracy vs test-time FLOPs per sample (log x), every reading with 95% CIs, the front as a line
-"""
+"""Figures from the results store alone (matplotlib, Agg; no torch, no Ray), each written as PNG and PDF. The kinds
+and what each shows: study.analysis.figure_kinds; `fig_<kind>` draws one panel of it."""
 
 from __future__ import annotations
 
@@ -28,6 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import polars as pl  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullFormatter  # noqa: E402
 
+from study.analysis.figure_kinds import FIGURE_KINDS  # noqa: E402
 from study.analysis.pareto import Frontier, pareto  # noqa: E402
 from study.analysis.published import dt_multiple, published_for, study_task  # noqa: E402
 from study.analysis.tables import (  # noqa: E402
@@ -265,11 +256,7 @@ def fig_pareto(ctx: Context, ax, style: Style | None = None) -> None:
             f"{ylabel} (mean over seeds)")
 
 
-FIGURES: dict[str, Callable[..., None]] = {
-    "depth": fig_depth, "difficulty": fig_difficulty, "gamma": fig_gamma, "score": fig_score,
-    "eff_layers": fig_eff_layers, "perturbation": fig_perturbation, "overthinking": fig_overthinking,
-    "checkpoints": fig_checkpoints, "pareto": fig_pareto,
-}
+FIGURES: dict[str, Callable[..., None]] = {kind: globals()[f"fig_{kind}"] for kind in FIGURE_KINDS}
 # settings per panel, so that no legend has more than MAX_LEGEND entries: room for the published series (up to
 # three) beside the measured ones; one setting per perturbation panel (its lines are the perturbation sizes); the
 # Pareto front is over every setting at once: one panel, whatever its legend's length

@@ -212,10 +212,10 @@ def add_all(sp: argparse.ArgumentParser) -> None:
 
 def add_tables(sub, parent: argparse.ArgumentParser) -> None:
     """table, plot and query: what a study shows."""
-    from study.analysis.figures import FIGURES
+    from study.analysis.figure_kinds import FIGURE_KINDS
     from study.analysis.tables import TABLES
 
-    table_kinds, figure_kinds = [*TABLES, "compare", "pareto"], [*FIGURES, "all"]
+    table_kinds, figure_kinds = [*TABLES, "compare", "pareto"], [*FIGURE_KINDS, "all"]
     tb = sub.add_parser("table", parents=[parent], help="an ablation table from stored Parquet",
                         description="An ablation table, aggregated over seeds (mean, std, n, 95% CI).")
     tb.add_argument("kind", metavar="KIND", help=f"one of: {', '.join(table_kinds)}")

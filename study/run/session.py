@@ -37,11 +37,26 @@ def init_ray(address: str | None, num_cpus: int | None = None, verbose: bool = F
 
     if ray.is_initialized():
         return
+    skip_callback_usage_tag()
     if embedded:
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=verbose,
                  configure_logging=verbose)
     else:
         ray.init(address=address, log_to_driver=verbose, configure_logging=verbose)
+
+
+def skip_callback_usage_tag() -> None:
+    """With Ray's usage stats off, keep Tune from importing every logger integration at each fit.
+
+    Ray 2.60's tune.run tags the callback classes a run passes (ray.air._internal.usage.tag_callbacks) by importing
+    the MLflow, W&B, Comet and Aim integrations to compare names: with mlflow and wandb installed that is ~6 CPU
+    seconds (4 of wall on two cores) at the start of every study, for a tag only usage stats report. Private API,
+    hence ray's exact pin in pyproject.toml."""
+    from ray._common.usage.usage_lib import usage_stats_enabled
+    from ray.air._internal import usage
+
+    if not usage_stats_enabled():
+        usage.tag_callbacks = lambda callbacks: False
 
 
 def cluster_nodes() -> list[dict[str, Any]]:

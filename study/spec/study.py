@@ -168,7 +168,11 @@ def _saved_data(store, name: str) -> tuple[dict[str, Any], str]:
     """(the saved spec's data, where it is) for a study; ConfigError when the store has no such study."""
     text = store.get_text(spec_file(name))
     if text is None:
-        known = ", ".join(store.studies()) or "none"
+        studies = store.studies()
+        if name in studies:
+            raise ConfigError(f"study {name!r} has results in {store.uri} but not the spec it was run with "
+                              f"({spec_file(name)}, which `loopstudy run` saves beside them); put the spec there")
+        known = ", ".join(studies) or "none"
         raise ConfigError(f"no study named {name!r} was run with results in {store.uri} (studies there: {known})")
     source = f"{store.uri}/{spec_file(name)}"
     data = yamltext.parse(text, source)

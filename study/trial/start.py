@@ -82,8 +82,6 @@ def resolve_init_from(data: dict[str, Any], base: Path, source: str) -> dict[str
 def check_init_from(configs: list[TrialConfig], source: str) -> None:
     """Every trial that starts from a TRM checkpoint gets all of its tensors, each in the shape the trial's model
     has (the task's vocabulary and length included): refused before any trial starts, naming the tensor."""
-    from study.models.reasoner import build_reasoner
-    from study.models.trm_checkpoint import read_tensors, to_state_dict
     from study.tasks import TASKS
 
     seen = set()
@@ -91,6 +89,10 @@ def check_init_from(configs: list[TrialConfig], source: str) -> None:
         path = trm_path(cfg.model.init_from)
         if path is None:
             continue
+        # torch only for a spec that names a checkpoint: the reading commands load saved specs too
+        from study.models.reasoner import build_reasoner
+        from study.models.trm_checkpoint import read_tensors, to_state_dict
+
         spec = TASKS[cfg.task.name].spec(cfg.task)
         if (path, repr(cfg.model), spec) in seen:
             continue
