@@ -122,8 +122,9 @@ def training_check(size: dict, device: str, steps: int) -> dict:
             "tflops": flops_per_step * done / seconds / 1e12, "params": sum(p.numel() for p in model.parameters())}
 
 
-def shared_gpu_check(device: str, work: Path) -> dict:
-    """Part 3: two trials of a tiny spec through `loopstudy run`, half a GPU each."""
+def shared_gpu_check(device: str, work: Path, address: str | None) -> dict:
+    """Part 3: two trials of a tiny spec through `loopstudy run` (embedded Ray, or the cluster at `address`), half
+    a GPU each."""
     import polars as pl
 
     from study.store import Store
@@ -141,8 +142,9 @@ def shared_gpu_check(device: str, work: Path) -> dict:
     path.write_text(yaml.safe_dump(spec))
     root = work / "store"
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "study.cli", "run", str(path), "--store", str(root), "--no-plot"],
-                          cwd=REPO, capture_output=True, text=True)
+    where = ["--address", address] if address else []
+    proc = subprocess.run([sys.executable, "-m", "study.cli", "run", str(path), "--store", str(root), "--no-plot",
+                           *where], cwd=REPO, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         return {"ok": False, "stderr": proc.stderr[-2000:]}
@@ -231,6 +233,7 @@ def main() -> None:
     p.add_argument("--cpu-smoke", action="store_true", help="tiny sizes on CPU (CI)")
     p.add_argument("--train-steps", type=int, default=100)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--address", default=None, help="the Ray cluster for part 3's run (default: an embedded Ray)")
     args = p.parse_args()
     import torch
 
@@ -247,7 +250,7 @@ def main() -> None:
     out["training"] = training_check(size, device, 3 if args.cpu_smoke else args.train_steps)
     print(json.dumps({"training": out["training"]}), flush=True)
     with tempfile.TemporaryDirectory() as d:
-        out["shared_gpu_run"] = shared_gpu_check(device, Path(d))
+        out["shared_gpu_run"] = shared_gpu_check(device, Path(d), args.address)
     print(json.dumps({"shared_gpu_run": out["shared_gpu_run"]}), flush=True)
     out["eval_compile"] = compile_check(size, device)
     print(json.dumps({"eval_compile": out["eval_compile"]}), flush=True)

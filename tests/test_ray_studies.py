@@ -47,13 +47,16 @@ def assert_rows_once(root, study, n_trials):
     assert depth.select(pl.struct("trial_id", "depth_layers", "difficulty").is_duplicated().any()).item() is False
 
 
+# The README's study made small: what is asserted here is the path, not how well it learns or reads at depth
+SMOKE = ("search_spaces/smoke.yaml", "train.steps=60", "train.log_every=20", "task.n_test=32", "eval.depths=[12,48]")
+
+
 @pytest.fixture(scope="module")
 def smoke_run(ray_cluster, tmp_path_factory):
     root = tmp_path_factory.mktemp("smoke")
     # the earlier spellings --storage / --out still work beside --store / --figures
-    # (fewer steps than the README's run: what is asserted here is the path, not how well it learns)
-    proc = loopstudy("run", "search_spaces/smoke.yaml", "train.steps=60", "train.log_every=20", "--address",
-                     ray_cluster["address"], "--storage", str(root), "--figures", str(root / "figures"))
+    proc = loopstudy("run", *SMOKE, "--address", ray_cluster["address"], "--storage", str(root), "--figures",
+                     str(root / "figures"))
     return root, proc
 
 
@@ -86,8 +89,7 @@ def test_trials_run_on_both_worker_nodes(smoke_run):
 def test_running_a_finished_study_again_reruns_nothing(smoke_run, ray_cluster):
     root, _ = smoke_run
     before = {p: p.stat().st_mtime_ns for p in (root / "trials").rglob("*.parquet")}
-    proc = loopstudy("run", "search_spaces/smoke.yaml", "train.steps=60", "train.log_every=20", "--address",
-                     ray_cluster["address"], "--store", str(root), "--no-plot")
+    proc = loopstudy("run", *SMOKE, "--address", ray_cluster["address"], "--store", str(root), "--no-plot")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "3 trial(s) already complete" in proc.stderr and "nothing to run" in proc.stderr
     assert {p: p.stat().st_mtime_ns for p in (root / "trials").rglob("*.parquet")} == before
@@ -96,8 +98,7 @@ def test_running_a_finished_study_again_reruns_nothing(smoke_run, ray_cluster):
 def test_a_dry_run_shows_what_would_run_and_skip_on_the_cluster_and_starts_nothing(smoke_run, ray_cluster, tmp_path):
     root, _ = smoke_run
     before = sorted(p.relative_to(root) for p in root.rglob("*"))
-    proc = loopstudy("run", "search_spaces/smoke.yaml", "train.steps=60", "train.log_every=20", "--dry-run",
-                     "--address", ray_cluster["address"], "--store", str(root))
+    proc = loopstudy("run", *SMOKE, "--dry-run", "--address", ray_cluster["address"], "--store", str(root))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("skip (complete)") == 3 and "would run 0 of 3" in proc.stderr
     assert sorted(p.relative_to(root) for p in root.rglob("*")) == before  # nothing stored, no lease taken

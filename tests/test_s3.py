@@ -54,11 +54,14 @@ def test_the_endpoint_can_come_from_aws_endpoint_url(s3_env, monkeypatch, reques
     assert pl.from_arrow(plain.read("trials", "s"))["trial_id"].to_list() == ["t1"]
 
 
-def test_a_study_on_s3_reads_back_with_either_endpoint_form_and_from_its_stored_weights(s3_server, request):
+def test_a_study_on_s3_reads_back_with_either_endpoint_form_and_from_its_stored_weights(s3_server, ray_cluster,
+                                                                                         request):
+    """On the tests' cluster, started without any AWS_* variable: its trials reach the server because `run` and
+    `evaluate --address` carry this machine's credentials to them."""
     uri = s3_server["uri"].format(prefix=request.node.name)
     env = s3_server["env"]
     run = loopstudy("run", "tests/specs/tiny.yaml", "--store", uri, "train.steps=8", "eval.depths=[6]",
-                    "sweep.seeds=[0]", "--num-cpus", "2", env=env)
+                    "sweep.seeds=[0]", "--address", ray_cluster["address"], env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "2 complete, 0 failed" in run.stderr
     plain = f"s3://loopstudy/{request.node.name}"
@@ -73,8 +76,8 @@ def test_a_study_on_s3_reads_back_with_either_endpoint_form_and_from_its_stored_
     q = loopstudy("query", "SELECT count(*) AS n FROM trials", "--store", uri, "--format", "csv", env=env)
     assert q.returncode == 0 and q.stdout.split() == ["n", "2"], q.stdout + q.stderr
     # the trials' weights are on the same S3 root (compacted rows keep their hashes): read back and checked
-    ev = loopstudy("evaluate", "tiny", "eval.readout=max_conf", "--store", uri, "--num-cpus", "2", "--no-plot",
-                   env=env)
+    ev = loopstudy("evaluate", "tiny", "eval.readout=max_conf", "--store", uri, "--address", ray_cluster["address"],
+                   "--no-plot", env=env)
     assert ev.returncode == 0 and "2 reading(s) of the stored weights of 2 trial(s)" in ev.stderr, ev.stderr[-3000:]
     st = loopstudy("status", "tiny", "--store", plain, env=by_env)
     assert "tiny: 2/2 trials complete" in st.stdout and "2 evaluation(s)" in st.stdout, st.stdout + st.stderr

@@ -9,6 +9,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from study.run.preflight import is_loopback
+from study.store.files import object_store_env
 
 
 def init_ray(address: str | None, num_cpus: int | None = None, verbose: bool = False) -> None:
@@ -42,16 +43,20 @@ def init_ray(address: str | None, num_cpus: int | None = None, verbose: bool = F
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=verbose,
                  configure_logging=verbose)
     else:
-        ray.init(address=address, log_to_driver=verbose, configure_logging=verbose)
+        # the trials on the cluster reach the object store with this machine's endpoint and credentials, as a
+        # submitted job's do (a job's own driver, at "auto", runs in that job's runtime env already)
+        env = object_store_env() if address != "auto" else {}
+        ray.init(address=address, runtime_env={"env_vars": env} if env else None, log_to_driver=verbose,
+                 configure_logging=verbose)
 
 
 def skip_callback_usage_tag() -> None:
     """With Ray's usage stats off, keep Tune from importing every logger integration at each fit.
 
     Ray 2.60's tune.run tags the callback classes a run passes (ray.air._internal.usage.tag_callbacks) by importing
-    the MLflow, W&B, Comet and Aim integrations to compare names: with mlflow and wandb installed that is ~6 CPU
-    seconds (4 of wall on two cores) at the start of every study, for a tag only usage stats report. Private API,
-    hence ray's exact pin in pyproject.toml."""
+    the MLflow, W&B, Comet and Aim integrations to compare names: with mlflow and wandb installed that is ~1.5 CPU
+    seconds at the start of every driver, for a tag only usage stats report. Private API, hence ray's exact pin in
+    pyproject.toml."""
     from ray._common.usage.usage_lib import usage_stats_enabled
     from ray.air._internal import usage
 

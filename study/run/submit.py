@@ -7,7 +7,7 @@ import shlex
 from pathlib import Path
 
 from study.errors import ConfigError
-from study.store.files import OBJECT_STORE_ENV
+from study.store.files import object_store_env
 
 
 def submit_study(spec_path: str, *, address: str, storage: str | None, repo: Path,
@@ -25,7 +25,7 @@ def submit_study(spec_path: str, *, address: str, storage: str | None, repo: Pat
     client = JobSubmissionClient(address)
     # the object store's endpoint and credentials as this machine has them (they show in the job's runtime env on
     # the dashboard: on a cluster with its own role, leave them unset here)
-    env = {k: os.environ[k] for k in OBJECT_STORE_ENV if os.environ.get(k)}
+    env = object_store_env()
     job_id = client.submit_job(
         entrypoint=" ".join(shlex.quote(c) for c in cmd),
         runtime_env={"working_dir": str(repo), "env_vars": env,

@@ -16,10 +16,15 @@ from study.errors import StoreError
 from study.paths import atomic_target, is_uri, normalized_uri, redacted, write_bytes
 
 # What names an object store's endpoint, credentials and region in the environment (pyarrow, Polars and the AWS SDK
-# read them): `loopstudy submit` carries those that are set to the job, whose driver and trials then reach the same
-# store as this machine does.
+# read them): `loopstudy submit` and `loopstudy run --address` carry those that are set to the cluster, whose
+# drivers and trials then reach the same store as this machine does.
 OBJECT_STORE_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
                     "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "AWS_REGION", "AWS_EC2_METADATA_DISABLED")
+
+
+def object_store_env() -> dict[str, str]:
+    """The OBJECT_STORE_ENV variables set here, for a cluster's runtime env."""
+    return {k: os.environ[k] for k in OBJECT_STORE_ENV if os.environ.get(k)}
 
 
 def uri_query(uri: str) -> dict[str, str]:
