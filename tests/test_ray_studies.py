@@ -127,7 +127,7 @@ def test_submit_runs_a_study_as_a_ray_job_on_s3_with_this_machines_endpoint_and_
     deadline = time.time() + 300
     while client.get_job_status(job_id) not in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
         assert time.time() < deadline, "job did not finish"
-        time.sleep(2)
+        time.sleep(0.5)
     assert client.get_job_status(job_id) == JobStatus.SUCCEEDED, client.get_job_logs(job_id)[-3000:]
     st = loopstudy("status", "tiny", "--store", store, env=env)
     assert st.returncode == 0 and "2/2" in st.stdout, st.stdout + st.stderr
