@@ -177,8 +177,8 @@ def test_the_cluster_image_runs_the_ray_that_pyproject_pins():
     assert f"rayproject/ray:{version}-" in image, (ray, image)
 
 
-# What a reading command may not import: each is a second or so at every start (torch alone is ~1.7 s on two
-# cores), which made `loopstudy status` several times slower than the read it answers.
+# What a reading command may not import: half a second (pandas) to 1.7 s (torch) each at every start on two cores,
+# which made `loopstudy status` several times slower than the read it answers.
 HEAVY = ("torch", "matplotlib", "pandas", "scipy.stats", "ray")
 
 

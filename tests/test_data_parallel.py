@@ -26,7 +26,7 @@ from study.store import Store
 from study.trial.execute import TrialContext, evaluate_stored, run_trial
 from study.trial.work import Reading
 
-from .conftest import CLUSTER_PORT, REPO
+from .conftest import REPO
 from .test_ray_studies import add_node, assert_rows_once, node_processes, remove_node
 
 SPEC = REPO / "tests" / "specs" / "data_parallel.yaml"
@@ -49,9 +49,9 @@ def one_worker_reference(root: Path) -> tuple[str, str]:
     return trial_id(trials[0]), reading.tid
 
 
-def train_worker_nodes(resources: list[str], port: str = CLUSTER_PORT) -> set[str]:
-    """The worker nodes (by their custom resource) of the cluster on `port` running a Ray Train worker now."""
-    return {r for r in resources if any("RayTrainWorker" in args for args in node_processes(r, port).values())}
+def train_worker_nodes(resources: list[str]) -> set[str]:
+    """The worker nodes (by their custom resource) running a Ray Train worker now."""
+    return {r for r in resources if any("RayTrainWorker" in args for args in node_processes(r).values())}
 
 
 @pytest.mark.ray

@@ -314,8 +314,7 @@ SMALL_TRM_ARCH = {"name": ARCH_NAMES["trm"], "num_heads": 2, "expansion": 4, "H_
 def sudoku_checkpoint(tmp_path):
     """A TRM-Att checkpoint for 4x4 Sudoku (vocab 6, 16 cells) and a trial file that reads it at depth."""
     tensors = trm_tensors("trm", False, 16, 4, 6, 16, {"L": 1})
-    arch = SMALL_TRM_ARCH
-    write_checkpoint(tmp_path / "ckpt", tensors, arch)
+    write_checkpoint(tmp_path / "ckpt", tensors, SMALL_TRM_ARCH)
     trial = tmp_path / "read.yaml"
     trial.write_text("task: {name: sudoku, size: 4, n_train: 32, n_test: 16}\n"
                      "model: {init_from: 'trm:ckpt/step_1000'}\ntrain: {steps: 0}\neval: {depths: [6, 60, 600]}\n")
@@ -405,8 +404,7 @@ def test_an_arc_checkpoint_is_refused_in_one_line_for_its_builders_puzzle_number
     from study.cli import main
 
     tensors = trm_tensors("trm", False, 16, 4, 12, 16, {"L": 1}, puzzles=40)
-    arch = SMALL_TRM_ARCH
-    write_checkpoint(tmp_path / "ckpt", tensors, arch)
+    write_checkpoint(tmp_path / "ckpt", tensors, SMALL_TRM_ARCH)
     trial = tmp_path / "read.yaml"
     trial.write_text("task: {name: arc, size: 4}\nmodel: {init_from: 'trm:ckpt/step_1000'}\ntrain: {steps: 0}\n")
     assert main(["trial", str(trial), "--store", str(tmp_path / "r")]) == 2
@@ -447,8 +445,7 @@ def test_an_arc_checkpoint_reads_each_version_with_the_row_its_builders_identifi
         names += [p.id, f"{p.id}|||t{i % 8}|||0987654321", f"{p.id}|||t{(i + 5) % 8}|||0123456798"]
     (tmp_path / "identifiers.json").write_text(json.dumps(names))
     tensors = trm_tensors("trm", False, 16, 4, 12, 37, {"L": 1}, puzzles=len(names))
-    arch = SMALL_TRM_ARCH
-    write_checkpoint(tmp_path / "ckpt", tensors, arch)
+    write_checkpoint(tmp_path / "ckpt", tensors, SMALL_TRM_ARCH)
     trial = tmp_path / "read.yaml"
     trial.write_text("task: {name: arc, size: 6, n_train: 2, n_test: 2, identifiers: identifiers.json}\n"
                      "model: {init_from: 'trm:ckpt/step_1000'}\ntrain: {steps: 0}\neval: {depths: [6]}\n")

@@ -366,8 +366,8 @@ def test_resume_with_a_damaged_tune_state_runs_the_saved_spec(ray_cluster, tmp_p
     assert_rows_once(tmp_path, "tiny", 4)
 
 
-def node_processes(resource_name: str, port: str = CLUSTER_PORT) -> dict[int, str]:
-    """{pid: command line} of the raylet of the cluster on `port` that carries `resource_name`, and of its
+def node_processes(resource_name: str) -> dict[int, str]:
+    """{pid: command line} of the shared test cluster's raylet that carries `resource_name`, and of its
     descendants (its workers, whose titles, once they run a task, name neither the raylet nor its socket)."""
     out = subprocess.run(["ps", "-ww", "-eo", "pid=,ppid=,args="], capture_output=True, text=True).stdout
     procs = {}
@@ -378,7 +378,8 @@ def node_processes(resource_name: str, port: str = CLUSTER_PORT) -> dict[int, st
     for pid, (_, args) in procs.items():
         resources = next((a.split("=", 1)[1].split(",") for a in args.split()
                           if a.startswith("--static_resource_list=")), [])
-        if "/raylet " in args and resource_name in resources[::2] and f"--gcs-address=127.0.0.1:{port} " in args:
+        on_ours = f"--gcs-address=127.0.0.1:{CLUSTER_PORT} " in args
+        if "/raylet " in args and resource_name in resources[::2] and on_ours:
             raylet = pid
     assert raylet is not None, f"no raylet with resource {resource_name}"
     ours = {raylet}

@@ -28,7 +28,7 @@ NOT_AXES = {"seed"} | {f"{section}.{name}" for section, name in NON_IDENTITY}
 
 def t975(n: int) -> float:
     """Student's t quantile at 0.975 with n - 1 degrees of freedom, for a 95% CI over n seeds (scipy.special's
-    inverse t CDF: scipy.stats.t.ppf's own function, without scipy.stats' second of import)."""
+    inverse t CDF: scipy.stats.t.ppf's own function, without scipy.stats' extra half second of import)."""
     from scipy.special import stdtrit
 
     return float(stdtrit(n - 1, 0.975))
