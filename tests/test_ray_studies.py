@@ -253,6 +253,9 @@ def test_resume_after_the_driver_died_before_tune_saved_any_trial(ray_cluster, t
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "KeyError" not in proc.stderr
     assert_rows_once(tmp_path, "tiny", 4)
+    # tiny's grid names no variants: its progress lines name each trial by the swept value, as its tables do
+    for rule in ("carry_last", "infiloop"):
+        assert f"finished rule={rule} seed 1" in proc.stderr, proc.stderr[-3000:]
 
 
 def ask_for_more_cpus_than_the_cluster_has(root: Path, name: str) -> None:
@@ -578,3 +581,19 @@ def optuna_dashboard(storage):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_progress_lines_name_a_variant_by_its_name_and_an_unnamed_grid_point_by_its_swept_values():
+    from study.run.naming import swept_keys
+    from study.run.progress import describe
+    from study.spec.schema import SweepSpec
+
+    sweep = SweepSpec(grid={"model.carry.rule": ["carry_last", "infiloop"]},
+                      variants=[{"model.carry.beta_init": 0.5}, {"name": "fprm", "model.kind": "fprm"}])
+    swept = swept_keys(sweep)
+    assert swept == ["model.carry.rule", "model.carry.beta_init", "model.kind"]
+    point = {"model": {"kind": "nested", "carry": {"rule": "infiloop", "beta_init": 0.5}}, "seed": 2, "label": ""}
+    assert describe({"trial": json.dumps(point)}, swept) == "rule=infiloop,beta_init=0.5,kind=nested seed 2"
+    named = {**point, "label": "fprm", "_trains": False}  # a re-read of stored weights
+    assert describe({"trial": json.dumps(named)}, swept) == "reading fprm seed 2"
+    assert describe({"searched": {"train.lr": 0.0031622777}}) == "lr=0.00316"

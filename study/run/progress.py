@@ -10,13 +10,16 @@ import time
 
 from ray.tune import Callback
 
+from study.config import flatten
 from study.console import eprint
+from study.run.naming import picks, setting
 
 STATUS_EVERY_S = 30.0  # the driver prints what the running trials are doing at most this often
 
 
-def describe(config: dict) -> str:
-    """A trial in words, from the config Tune hands it: its variant and seed (a grid point), or its Optuna picks."""
+def describe(config: dict, swept: list[str] = ()) -> str:
+    """A trial in words, from the config Tune hands it: its setting (its variant's name, else its values of the
+    `swept` keys) and seed (a grid point), or its Optuna picks (study.run.naming)."""
     trial = config.get("trial")
     if isinstance(trial, str):  # a grid point, as JSON text (study.run.tuner.param_space)
         try:
@@ -24,18 +27,19 @@ def describe(config: dict) -> str:
         except ValueError:
             return "a trial"
         what = "reading " if data.get("_trains") is False else ""  # stored weights only (study.run.plan)
-        return f"{what}{data.get('label') or 'trial'} seed {data.get('seed', 0)}"
-    picks = config.get("searched") or {}
-    return ", ".join(f"{k.rsplit('.', 1)[-1]}={v:.3g}" if isinstance(v, float) else f"{k.rsplit('.', 1)[-1]}={v}"
-                     for k, v in picks.items()) or "a trial"
+        flat = flatten({k: v for k, v in data.items() if not k.startswith("_")})
+        return f"{what}{setting(flat, list(swept)) or 'trial'} seed {data.get('seed', 0)}"
+    return picks(config.get("searched") or {}) or "a trial"
 
 
 class Progress(Callback):
     """Prints one line per change (trials done / running / failed, best objective so far) and, at most every
     `status_every_s`, one line saying what each running trial is doing (train or eval, percent done)."""
 
-    def __init__(self, study_name: str, total: int, mode: str, status_every_s: float = STATUS_EVERY_S):
+    def __init__(self, study_name: str, total: int, mode: str, *, swept: list[str] = (),
+                 status_every_s: float = STATUS_EVERY_S):
         self.study_name, self.total, self.mode, self.status_every_s = study_name, total, mode, status_every_s
+        self.swept = list(swept)  # the keys that name a grid point (study.run.naming.swept_keys)
         self.done = self.failed = self.retried = self.stopped = 0
         self.active: set[str] = set()  # counted here: Tune's statuses lag behind these callbacks
         self.best: float | None = None
@@ -57,7 +61,7 @@ class Progress(Callback):
 
     def name(self, trial) -> str:
         """The trial in words (its setting and seed, or its Optuna picks), as its start line named it."""
-        return self.names.get(trial.trial_id) or describe(trial.config)
+        return self.names.get(trial.trial_id) or describe(trial.config, self.swept)
 
     def _ended(self, trial) -> None:
         self.doing.pop(trial.trial_id, None)
@@ -65,7 +69,7 @@ class Progress(Callback):
 
     def on_trial_start(self, iteration, trials, trial, **info):
         self.active.add(trial.trial_id)
-        self.names[trial.trial_id] = describe(trial.config)
+        self.names[trial.trial_id] = describe(trial.config, self.swept)
         self._line(f"started {self.names[trial.trial_id]}")
 
     def on_trial_result(self, iteration, trials, trial, result, **info):

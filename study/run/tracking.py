@@ -27,6 +27,7 @@ from ray.tune.logger import TBXLoggerCallback
 
 from study.config import to_dict, trial_id
 from study.metrics import DEPTH_KEY
+from study.run.naming import picks, setting
 from study.store import config_row
 
 STEP = "step"  # the training step, in every report (study/run/trainable.py)
@@ -50,7 +51,7 @@ class TrialParams:
     """A trial's run name and flat config, from the config Tune hands it (cached per Tune trial)."""
 
     def __init__(self, swept: list[str]):
-        self.swept = swept  # the grid's dotted keys: they name a grid point
+        self.swept = swept  # the dotted keys that name a grid point (study.run.naming.swept_keys)
         self._cache: dict[str, tuple[str, dict[str, Any]]] = {}
 
     def _resolve(self, config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -61,10 +62,7 @@ class TrialParams:
         if key not in self._cache:
             cfg = trial_config(config)
             flat = config_row(to_dict(cfg))
-            if config.get("searched"):
-                what = ",".join(f"{k.rsplit('.', 1)[-1]}={_short(v)}" for k, v in config["searched"].items())
-            else:
-                what = cfg.label or ",".join(f"{k.rsplit('.', 1)[-1]}={_short(flat.get(k))}" for k in self.swept)
+            what = picks(config["searched"]) if config.get("searched") else setting(flat, self.swept)
             self._cache[key] = (f"{what or 'trial'}-s{cfg.seed}-{trial_id(cfg)}", flat)
         return self._cache[key]
 
@@ -79,10 +77,6 @@ class TrialParams:
     def params(self, trial) -> dict[str, Any]:
         """The trial's flat config (dotted keys), as its run's params."""
         return self._resolve(trial.config)[1]
-
-
-def _short(v: Any) -> str:
-    return f"{v:.3g}" if isinstance(v, float) else str(v)
 
 
 class TensorBoard(TBXLoggerCallback):

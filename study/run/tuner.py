@@ -10,6 +10,7 @@ from typing import Any
 
 from study.metrics import DEFAULT_METRIC
 from study.paths import is_uri, machine_cache
+from study.run.naming import swept_keys
 from study.run.optuna_storage import OptunaStudy
 from study.spec import Study
 from study.store.layout import evaluate_tune_dir, tracking_dir, tune_dir
@@ -98,13 +99,13 @@ def build_tuner(study: Study, root: str, work: list[WorkItem], threads: int, sea
     total = num_samples if sweep.optuna else len(work)
     from study.run.progress import Progress
 
-    progress = Progress(spec.name, total, mode)
+    progress = Progress(spec.name, total, mode, swept=swept_keys(sweep))
     trackers, names = [], {}
     if spec.tracking.any:
         from study.run.tracking import callbacks
 
         trackers, params = callbacks(spec.tracking, study=spec.name, folder=tracking_folder(root, spec.name),
-                                     swept=list(sweep.grid))
+                                     swept=swept_keys(sweep))
         names = {"trial_name_creator": params.name, "trial_dirname_creator": params.dirname}
     tuner = tune.Tuner(
         tune.with_resources(trial_function(study), trial_resources(study)),
