@@ -111,6 +111,29 @@ def test_a_dry_run_shows_what_would_run_and_skip_on_the_cluster_and_starts_nothi
     assert "the cluster offers" in paper.stderr and not (tmp_path / "paper").exists()
 
 
+# A driver as `run`, `resume` and `evaluate --address` start one (study.run.session.init_ray), then one task on a
+# worker node that says which AWS_* variables it sees. (ray is imported after init_ray, as the CLI does: it keeps
+# a loopback address on loopback only when set before ray's import.)
+CARRY_SCRIPT = """
+import sys
+from study.run.session import init_ray
+init_ray(sys.argv[1])
+import ray
+seen = ray.remote(num_cpus=1)(lambda: sorted(k for k in __import__("os").environ if k.startswith("AWS_")))
+print(" ".join(ray.get(seen.remote(), timeout=120)))
+"""
+
+
+def test_a_driver_on_a_cluster_carries_this_machines_object_store_endpoint_and_region_to_its_tasks(ray_cluster):
+    """The cluster was started without any AWS_* variable; Tune carries only the access keys to its trials, so an
+    S3 endpoint or region set here reaches them only through the driver's runtime env."""
+    env = {**os.environ, "AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_REGION": "eu-west-3"}
+    proc = subprocess.run([sys.executable, "-c", CARRY_SCRIPT, ray_cluster["address"]], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {"AWS_ENDPOINT_URL", "AWS_REGION"} <= set(proc.stdout.split()), proc.stdout
+
+
 def test_submit_runs_a_study_as_a_ray_job_on_s3_with_this_machines_endpoint_and_credentials(ray_cluster, s3_server):
     """The cluster was started without any AWS_* variable: the job reaches the S3 server only because submit
     carries the endpoint and credentials set here."""
