@@ -57,7 +57,8 @@ def test_the_endpoint_can_come_from_aws_endpoint_url(s3_env, monkeypatch, reques
 def test_a_study_on_s3_reads_back_with_either_endpoint_form_and_from_its_stored_weights(s3_server, ray_cluster,
                                                                                          request):
     """On the tests' cluster, started without any AWS_* variable. (SeaweedFS here may take anonymous writes: this
-    study passed with the driver's carrying of the credentials to its trials switched off, so it does not pin it.)"""
+    study passed with the driver's carrying of the credentials to its trials switched off, so it does not pin it;
+    test_ray_studies' test_a_driver_on_a_cluster_carries_... does.)"""
     uri = s3_server["uri"].format(prefix=request.node.name)
     env = s3_server["env"]
     run = loopstudy("run", "tests/specs/tiny.yaml", "--store", uri, "train.steps=8", "eval.depths=[6]",

@@ -4,6 +4,7 @@ by their last dotted part, floats to 3 significant digits. Torch- and Ray-free."
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from study.spec.schema import SweepSpec
@@ -26,6 +27,6 @@ def picks(values: dict[str, Any]) -> str:
     return ",".join(f"{k.rsplit('.', 1)[-1]}={value(v)}" for k, v in values.items())
 
 
-def setting(flat: dict[str, Any], swept: list[str]) -> str:
+def setting(flat: dict[str, Any], swept: Sequence[str]) -> str:
     """A grid point's setting from its flat config (dotted keys): its variant's name, else its swept values."""
     return str(flat.get("label") or "") or picks({k: flat.get(k) for k in swept if k in flat})

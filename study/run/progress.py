@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from collections.abc import Sequence
 
 from ray.tune import Callback
 
@@ -17,7 +18,7 @@ from study.run.naming import picks, setting
 STATUS_EVERY_S = 30.0  # the driver prints what the running trials are doing at most this often
 
 
-def describe(config: dict, swept: list[str] = ()) -> str:
+def describe(config: dict, swept: Sequence[str] = ()) -> str:
     """A trial in words, from the config Tune hands it: its setting (its variant's name, else its values of the
     `swept` keys) and seed (a grid point), or its Optuna picks (study.run.naming)."""
     trial = config.get("trial")
@@ -28,7 +29,7 @@ def describe(config: dict, swept: list[str] = ()) -> str:
             return "a trial"
         what = "reading " if data.get("_trains") is False else ""  # stored weights only (study.run.plan)
         flat = flatten({k: v for k, v in data.items() if not k.startswith("_")})
-        return f"{what}{setting(flat, list(swept)) or 'trial'} seed {data.get('seed', 0)}"
+        return f"{what}{setting(flat, swept) or 'trial'} seed {data.get('seed', 0)}"
     return picks(config.get("searched") or {}) or "a trial"
 
 
@@ -36,7 +37,7 @@ class Progress(Callback):
     """Prints one line per change (trials done / running / failed, best objective so far) and, at most every
     `status_every_s`, one line saying what each running trial is doing (train or eval, percent done)."""
 
-    def __init__(self, study_name: str, total: int, mode: str, *, swept: list[str] = (),
+    def __init__(self, study_name: str, total: int, mode: str, *, swept: Sequence[str] = (),
                  status_every_s: float = STATUS_EVERY_S):
         self.study_name, self.total, self.mode, self.status_every_s = study_name, total, mode, status_every_s
         self.swept = list(swept)  # the keys that name a grid point (study.run.naming.swept_keys)
