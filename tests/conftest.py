@@ -1,7 +1,9 @@
 """Shared fixtures. Ray runs for real: a head and two worker nodes as separate processes, all on 127.0.0.1."""
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -58,6 +60,69 @@ def ray_cluster():
                                        DASHBOARD_PORT))
     finally:
         local_cluster("stop", "--port", CLUSTER_PORT)
+
+
+@pytest.fixture(autouse=True)
+def shared_cluster_left_free(request):
+    """After each test on the shared cluster, no driver it started still runs and no placement group stays
+    reserved: either would keep every later trial that needs those CPUs waiting until its test times out, and the
+    suite past CI's limit. A leftover is ended, and the test that left it fails."""
+    yield
+    if "ray_cluster" not in request.fixturenames:
+        return
+    cluster = request.getfixturevalue("ray_cluster")
+    drivers = running_drivers()
+    for pid in drivers:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    held = reserved_placement_groups(cluster["dashboard"], wait_s=30)  # a driver that just ended is being cleaned
+    if held:
+        subprocess.run([sys.executable, "-c", REMOVE_PLACEMENT_GROUPS, cluster["address"], *held], cwd=REPO,
+                       capture_output=True, text=True, timeout=120, check=True)
+    if drivers or held:
+        pytest.fail(f"left on the shared cluster after the test (ended now): drivers {drivers}, placement groups "
+                    f"{held}")
+
+
+def running_drivers() -> list[int]:
+    """This pytest's child processes that are loopstudy commands (`python -m study.cli ...`) still running."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, parent = stat.read_text().rsplit(")", 1)[1].split()[:2]
+            command = (stat.parent / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # ended meanwhile
+            continue
+        if int(parent) == os.getpid() and state != "Z" and b"study.cli" in command:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def reserved_placement_groups(dashboard: str, wait_s: float) -> list[str]:
+    """The ids of the cluster's placement groups that are not removed, once there are none or after wait_s."""
+    import time
+
+    from ray.util.state import list_placement_groups
+
+    deadline = time.time() + wait_s
+    while True:
+        held = [g.placement_group_id for g in list_placement_groups(address=dashboard, filters=[
+            ("state", "!=", "REMOVED")], raise_on_missing_output=False)]
+        if not held or time.time() > deadline:
+            return held
+        time.sleep(0.5)
+
+
+# A driver on the cluster that removes the placement groups named on its command line.
+REMOVE_PLACEMENT_GROUPS = """
+import sys
+from study.run.session import init_ray
+init_ray(sys.argv[1])
+import ray
+from ray.util.placement_group import PlacementGroup
+for group in sys.argv[2:]:
+    ray.util.remove_placement_group(PlacementGroup(ray.PlacementGroupID.from_hex(group)))
+"""
 
 
 def free_port_pair() -> int:

@@ -191,6 +191,44 @@ def run_and_kill_a_worker_node(address: str, tmp_path: Path, killed: list[str]) 
     assert curve["step"].is_unique().all() and curve["step"].max() == KILL_STEPS
 
 
+# A driver on the cluster, as init_ray starts one, whose actor reserves a CPU in a placement group and is killed
+# holding it, as a stopped trial's Ray Train controller can be (study.run.leftovers): Ray keeps that group reserved
+# while the driver lives. Prints the CPUs held before and after the driver releases its leftovers.
+LEFTOVER_SCRIPT = """
+import sys, time
+from study.run.session import init_ray
+init_ray(sys.argv[1])
+import ray
+from study.run.leftovers import release_leftover_placement_groups
+
+@ray.remote(num_cpus=0)
+class Controller:
+    def reserve(self):
+        group = ray.util.placement_group([{"CPU": 1}])
+        ray.get(group.ready(), timeout=60)
+        return group.id.hex()
+
+def held(settle):
+    time.sleep(settle)  # the resource view catches up within a second or two
+    return ray.cluster_resources()["CPU"] - ray.available_resources().get("CPU", 0)
+
+controller = Controller.remote()
+ray.get(controller.reserve.remote(), timeout=120)
+ray.kill(controller)
+print("held", held(3))
+print("released", release_leftover_placement_groups(grace_s=5))
+print("held", held(3))
+"""
+
+
+@pytest.mark.ray
+def test_a_driver_releases_the_placement_groups_its_dead_actors_left_reserved(ray_cluster):
+    proc = subprocess.run([sys.executable, "-c", LEFTOVER_SCRIPT, ray_cluster["address"]], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["held", "1.0", "released", "1", "held", "0.0"], proc.stdout
+
+
 def spec_with(tmp_path: Path, *changes: tuple[str, str]) -> Path:
     text = SPEC.read_text()
     for old, new in changes:

@@ -124,7 +124,7 @@ def stored_metrics(store: Store, study: str, tid: str) -> dict[str, float]:
 def trainable(config: dict[str, Any]) -> None:
     """One Tune trial: train a config and read its weights each way the study asks, or read stored weights only
     (study.run.plan). config: trial (and searched), store, study, metric, threads, spec_hash (and workers, each
-    one's cpu and gpu, and max_failures, read by study.run.workers)."""
+    one's cpu and gpu, read by study.run.workers)."""
     run_work(config)
 
 

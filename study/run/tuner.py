@@ -10,6 +10,7 @@ from typing import Any
 
 from study.metrics import DEFAULT_METRIC
 from study.paths import is_uri, machine_cache
+from study.run.leftovers import release_leftover_placement_groups
 from study.run.naming import swept_keys
 from study.run.optuna_storage import OptunaStudy
 from study.spec import Study
@@ -27,7 +28,7 @@ def param_space(study: Study, root: str, work: list[WorkItem], threads: int) -> 
     spec, sweep = study.spec, study.spec.sweep
     res = spec.resources
     common = {"store": root, "study": spec.name, "threads": threads, "spec_hash": study.spec_hash,
-              "workers": res.workers, "cpu": res.cpu, "gpu": res.gpu, "max_failures": sweep.max_failures,
+              "workers": res.workers, "cpu": res.cpu, "gpu": res.gpu,
               "metric": sweep.optuna.metrics[0] if sweep.optuna else DEFAULT_METRIC,
               "objectives": sweep.optuna.metrics if sweep.optuna and sweep.optuna.multi else []}
     if sweep.optuna is not None:
@@ -144,3 +145,5 @@ def fit(tuner, root: str):
         if not is_uri(root) and shutil.disk_usage(root).free < LOW_DISK_BYTES:
             raise OSError(errno.ENOSPC, "No space left on device", root) from None
         raise
+    finally:
+        release_leftover_placement_groups()  # no trial of this run holds one now

@@ -9,9 +9,11 @@ worker runs the trial's work (study.run.trainable.run_work) with its place among
 checkpoints. Rank 0's reports reach Tune through TuneReportCallback, so the driver and Tune's scheduler and
 searcher see one trial.
 
-Failures: Ray Train restarts a worker group that lost a worker (a node died) from the trial's last checkpoint, up
-to sweep.max_failures times; past that the Tune trial fails and Tune retries it, and the new TorchTrainer, run
-under the same name and storage (study.store.layout.train_runs_dir), resumes from that same checkpoint. A trial
+Failures: a trial whose worker group lost a worker (a node died) fails, and Tune retries it, up to
+sweep.max_failures times: the new TorchTrainer, run under the same name and storage
+(study.store.layout.train_runs_dir), resumes from the trial's last checkpoint. Ray Train itself restarts no worker
+group: when Tune stops a trial, the GCS kills its workers before its controller, and a controller allowed to retry
+then reserves a placement group for a new group as it exits, which Ray never releases (study.run.leftovers). A trial
 that only reads stored weights (loopstudy evaluate) splits each reading's test set over its workers the same way.
 """
 
@@ -42,7 +44,7 @@ def fit_on_workers(config: dict[str, Any]) -> None:
         run_config=ray.train.RunConfig(
             name=name, storage_path=train_runs_dir(config["store"], config["study"]),
             callbacks=[TuneReportCallback()],
-            failure_config=ray.train.FailureConfig(max_failures=config.get("max_failures", 0)),
+            failure_config=ray.train.FailureConfig(max_failures=0),  # Tune retries (see the module docstring)
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2)))
     trainer.fit()
 
