@@ -23,10 +23,34 @@ os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
 os.environ.setdefault("RAY_health_check_period_ms", "1000")
 os.environ.setdefault("RAY_health_check_failure_threshold", "3")
 
+# Ray starts its workers at nice 15 by default; the tests' clusters start them at the drivers' own priority, so that
+# the lane of tests that need no cluster (at nice 19, below) takes only the CPU the cluster leaves idle.
+os.environ.setdefault("RAY_worker_niceness", "0")
+
 # Ray Train's spot-preemption watcher is one more actor process per trial (two seconds of start-up on these cores)
 # and its metrics callbacks more work at every report; nothing here is a spot instance or reads Ray's metrics.
 os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
 os.environ.setdefault("RAY_TRAIN_METRICS_ENABLED", "0")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items):
+    """Two lanes under pytest-xdist (`-n 2 --dist loadgroup`, pyproject.toml): the tests on the shared Ray cluster,
+    one after another on one worker, and every other test on the other. The suite is CPU-bound on two cores, so the
+    second lane runs at nice 19 (lane_priority): it fills the time the cluster's lane leaves a core idle and slows
+    that lane, the longer one, as little as it can."""
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group("cluster" if "ray_cluster" in item.fixturenames else "other"))
+
+
+@pytest.fixture(autouse=True)
+def lane_priority(request):
+    if os.environ.get("PYTEST_XDIST_WORKER") and "ray_cluster" not in request.fixturenames:
+        # every thread of this process (Linux keeps a priority per thread: torch's pool may be running already);
+        # the threads and processes they start inherit it
+        for thread in os.listdir("/proc/self/task"):
+            with contextlib.suppress(ProcessLookupError):
+                os.setpriority(os.PRIO_PROCESS, int(thread), 19)
 
 
 CLUSTER_PORT = "6391"  # the shared test cluster's GCS port; its job server is on DASHBOARD_PORT

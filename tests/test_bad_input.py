@@ -560,13 +560,16 @@ def test_a_trial_whose_loss_becomes_nan_fails_with_the_reason_and_stores_nothing
     assert not Store(tmp_path / "r").completed_trials("adhoc")
 
 
+# ids named here: a test's id goes into its environment (PYTEST_CURRENT_TEST), where a 2 MiB one leaves no room to
+# start a subprocess
 @pytest.mark.parametrize("text,needle", [
-    ("a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1]\n" + "".join(f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n"
-                                                      for p, c in zip("abcdefgh", "bcdefghi")), "expands to more than"),
-    ("name: x\n" + "k: " + "[" * 5000 + "]" * 5000 + "\n", "nested"),
-    ("name: x\nname: y\n", "key 'name' appears twice"),
-    ("name: bad\ntask: {size: 4, size: 6}\n", "key 'size' appears twice"),
-    ("name: x\nd: '" + "y" * (2 << 20) + "'\n", "at most 1,048,576 bytes"),
+    pytest.param("a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1]\n" + "".join(
+        f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n" for p, c in zip("abcdefgh", "bcdefghi")),
+        "expands to more than", id="billion-laughs"),
+    pytest.param("name: x\n" + "k: " + "[" * 5000 + "]" * 5000 + "\n", "nested", id="nested-5000-deep"),
+    pytest.param("name: x\nname: y\n", "key 'name' appears twice", id="duplicate-key"),
+    pytest.param("name: bad\ntask: {size: 4, size: 6}\n", "key 'size' appears twice", id="duplicate-nested-key"),
+    pytest.param("name: x\nd: '" + "y" * (2 << 20) + "'\n", "at most 1,048,576 bytes", id="2MiB-spec"),
 ])
 def test_specs_that_would_cost_without_bound_or_mislead_are_refused(tmp_path, text, needle):
     spec = write(tmp_path, text)
