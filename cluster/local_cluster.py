@@ -5,6 +5,10 @@
     python cluster/local_cluster.py add-worker --name w3     # one more worker node
     python cluster/local_cluster.py stop                     # only this cluster's processes (by --port)
 
+`--no-log-monitor` (start, add-worker): no node forwards its workers' output to the drivers (`--verbose` drivers
+then show no trial's prints); each node's log monitor otherwise scans the cluster's logs every second, about 2% of
+a core (the tests' clusters run without).
+
 Prints the addresses as JSON: {"address": "127.0.0.1:6390", "dashboard": "http://127.0.0.1:8265"}.
 Then: `loopstudy run SPEC --address 127.0.0.1:6390` or `loopstudy submit SPEC --address http://127.0.0.1:8265`.
 
@@ -56,17 +60,18 @@ def temp_dir(port: int) -> str:
     return f"/tmp/loopstudy-ray-{port}"
 
 
-def start_head(port: int, dashboard_port: int) -> None:
+def start_head(port: int, dashboard_port: int, log_monitor: bool = True) -> None:
     # The head's processes (and jobs submitted to it) resolve their own IP as loopback.
     ray(["start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=0",
          f"--temp-dir={temp_dir(port)}",
          "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}",
-         "--disable-usage-stats"], env={"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"})
+         f"--include-log-monitor={log_monitor}", "--disable-usage-stats"],
+        env={"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"})
 
 
-def add_worker(port: int, name: str, cpus: int) -> None:
+def add_worker(port: int, name: str, cpus: int, log_monitor: bool = True) -> None:
     ray(["start", f"--address=127.0.0.1:{port}", "--node-ip-address=127.0.0.1", f"--num-cpus={cpus}",
-         f"--resources={json.dumps({name: 1})}", "--disable-usage-stats"])
+         f"--resources={json.dumps({name: 1})}", f"--include-log-monitor={log_monitor}", "--disable-usage-stats"])
 
 
 def cluster_pids(port: int) -> list[int]:
@@ -126,16 +131,19 @@ def main() -> None:
     a.add_argument("--name", required=True)
     a.add_argument("--cpus", type=int, default=1)
     a.add_argument("--port", type=int, default=6390)
+    for command in (s, a):
+        command.add_argument("--no-log-monitor", dest="log_monitor", action="store_false",
+                             help="workers' output stays in the cluster's log files (see above)")
     st = sub.add_parser("stop", help="stop the cluster on --port (its processes only)")
     st.add_argument("--port", type=int, default=6390)
     args = p.parse_args()
     if args.cmd == "start":
-        start_head(args.port, args.dashboard_port)
+        start_head(args.port, args.dashboard_port, args.log_monitor)
         for i in range(1, args.workers + 1):
-            add_worker(args.port, f"w{i}", args.cpus_per_worker)
+            add_worker(args.port, f"w{i}", args.cpus_per_worker, args.log_monitor)
         print(json.dumps({"address": f"127.0.0.1:{args.port}", "dashboard": f"http://127.0.0.1:{args.dashboard_port}"}))
     elif args.cmd == "add-worker":
-        add_worker(args.port, args.name, args.cpus)
+        add_worker(args.port, args.name, args.cpus, args.log_monitor)
     else:
         stop(args.port)
 

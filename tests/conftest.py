@@ -81,7 +81,7 @@ def ray_cluster():
     local_cluster("stop", "--port", CLUSTER_PORT)  # leftovers of an earlier run of this cluster, if any
     try:  # (a start that fails half-way is stopped too)
         yield json.loads(local_cluster("start", "--workers", "2", "--port", CLUSTER_PORT, "--dashboard-port",
-                                       DASHBOARD_PORT))
+                                       DASHBOARD_PORT, "--no-log-monitor"))
     finally:
         local_cluster("stop", "--port", CLUSTER_PORT)
 

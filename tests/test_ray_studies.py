@@ -421,7 +421,7 @@ def node_processes(resource_name: str) -> dict[int, str]:
 def add_node(name: str, env: dict[str, str] | None = None) -> None:
     """One more one-CPU worker node on the shared test cluster, carrying resource `name` (and `env` besides ours)."""
     proc = subprocess.run([sys.executable, str(REPO / "cluster" / "local_cluster.py"), "add-worker", "--name", name,
-                           "--port", CLUSTER_PORT], capture_output=True, text=True, timeout=300,
+                           "--port", CLUSTER_PORT, "--no-log-monitor"], capture_output=True, text=True, timeout=300,
                           env={**os.environ, **(env or {})})
     assert proc.returncode == 0, proc.stderr[-2000:]
 
@@ -470,7 +470,8 @@ def test_worker_node_killed_mid_study_every_trial_still_completes_once(ray_clust
     assert Store(tmp_path).is_compacted("tiny") and Store(tmp_path).files("trials", "tiny") == []
     assert len(complete_ids(tmp_path, "tiny")) == 4
     assert_rows_once(tmp_path, "tiny", 4)
-    local_cluster("add-worker", "--name", "w1b", "--port", CLUSTER_PORT)  # leave the cluster as we found it
+    # leave the cluster as we found it
+    local_cluster("add-worker", "--name", "w1b", "--port", CLUSTER_PORT, "--no-log-monitor")
 
 
 def test_optuna_search_with_asha_keeps_every_sample_and_every_command_agrees(ray_cluster, tmp_path):
