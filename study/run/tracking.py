@@ -145,6 +145,13 @@ def wandb_callback(params: TrialParams, *, project: str, mode: str, folder: Path
             log["training_iteration"] = result[STEP]
             return log, {}
 
+        def run(self):
+            super().run()
+            # finish() returns before W&B's service has written the run file, and Ray ends this actor's child
+            # processes with it: wait for the service while Tune still waits on this call (seen in CI: a run file
+            # with its header only, the service killed before "stream: all finished")
+            self._wandb.teardown()
+
     class WandB(WandbLoggerCallback):
         _logger_actor_cls = AtStep
 
