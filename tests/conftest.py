@@ -144,10 +144,8 @@ REMOVE_PLACEMENT_GROUPS = """
 import sys
 from study.run.session import init_ray
 init_ray(sys.argv[1])
-import ray
-from ray.util.placement_group import PlacementGroup
-for group in sys.argv[2:]:
-    ray.util.remove_placement_group(PlacementGroup(ray.PlacementGroupID.from_hex(group)))
+from study.run.leftovers import remove_placement_groups
+remove_placement_groups(sys.argv[2:])
 """
 
 

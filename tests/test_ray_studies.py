@@ -393,9 +393,8 @@ def test_resume_with_a_damaged_tune_state_runs_the_saved_spec(ray_cluster, tmp_p
 
 
 def node_processes(resource_name: str) -> dict[int, str]:
-    """{pid: command line} of the shared test cluster's raylet that carries `resource_name`, of its descendants (its
-    workers, whose titles, once they run a task, name neither the raylet nor its socket) and of its node's log
-    monitor (started beside the raylet, not under it: left running, it would scan the cluster's logs all suite)."""
+    """{pid: command line} of the shared test cluster's raylet that carries `resource_name`, and of its
+    descendants (its workers, whose titles, once they run a task, name neither the raylet nor its socket)."""
     out = subprocess.run(["ps", "-ww", "-eo", "pid=,ppid=,args="], capture_output=True, text=True).stdout
     procs = {}
     for line in out.splitlines():
@@ -412,9 +411,6 @@ def node_processes(resource_name: str) -> dict[int, str]:
     ours = {raylet}
     while grown := {pid for pid, (ppid, _) in procs.items() if ppid in ours} - ours:
         ours |= grown
-    logs = next(a.split("=", 1)[1] for a in procs[raylet][1].split() if a.startswith("--stdout_filepath="))
-    monitor = "--stdout-filepath=" + logs.replace("/logs/raylet", "/logs/log_monitor")  # raylet.N.out: its node N
-    ours |= {pid for pid, (_, args) in procs.items() if monitor in args.split()}
     return {pid: procs[pid][1] for pid in ours}
 
 
@@ -470,8 +466,7 @@ def test_worker_node_killed_mid_study_every_trial_still_completes_once(ray_clust
     assert Store(tmp_path).is_compacted("tiny") and Store(tmp_path).files("trials", "tiny") == []
     assert len(complete_ids(tmp_path, "tiny")) == 4
     assert_rows_once(tmp_path, "tiny", 4)
-    # leave the cluster as we found it
-    local_cluster("add-worker", "--name", "w1b", "--port", CLUSTER_PORT, "--no-log-monitor")
+    add_node("w1b")  # leave the cluster as we found it
 
 
 def test_optuna_search_with_asha_keeps_every_sample_and_every_command_agrees(ray_cluster, tmp_path):

@@ -26,7 +26,6 @@ def release_leftover_placement_groups(grace_s: float = CONTROLLER_GRACE_S) -> in
     """Wait (up to grace_s) for this job's Train controllers to end, then remove every placement group this job
     still holds. Returns how many were removed; 0 where Ray's state API is not served (no dashboard)."""
     import ray
-    from ray.util.placement_group import PlacementGroup
     from ray.util.state import list_actors, list_placement_groups
 
     job = ray.get_runtime_context().get_job_id()
@@ -38,6 +37,14 @@ def release_leftover_placement_groups(grace_s: float = CONTROLLER_GRACE_S) -> in
         held = list_placement_groups(filters=[("creator_job_id", "=", job), ("state", "!=", "REMOVED")])
     except Exception:  # noqa: BLE001 - no dashboard on this cluster: the state API is not there to ask
         return 0
-    for group in held:
-        ray.util.remove_placement_group(PlacementGroup(ray.PlacementGroupID.from_hex(group.placement_group_id)))
+    remove_placement_groups([group.placement_group_id for group in held])
     return len(held)
+
+
+def remove_placement_groups(ids: list[str]) -> None:
+    """Remove the placement groups with these (hex) ids, from a driver connected to their cluster."""
+    import ray
+    from ray.util.placement_group import PlacementGroup
+
+    for group in ids:
+        ray.util.remove_placement_group(PlacementGroup(ray.PlacementGroupID.from_hex(group)))
