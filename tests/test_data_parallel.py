@@ -221,12 +221,29 @@ print("held", held(3))
 """
 
 
+# A second Ray on the machine, as a test of the other lane or a user's own runs one: Ray's state API, asked with no
+# address, refuses to choose between two. Ends (and its Ray with it) when its standard input closes.
+EMBEDDED_RAY = """
+import sys, ray
+ray.init(address="local", num_cpus=0, include_dashboard=False)
+print("up", flush=True)
+sys.stdin.read()
+"""
+
+
 @pytest.mark.ray
-def test_a_driver_releases_the_placement_groups_its_dead_actors_left_reserved(ray_cluster):
-    proc = subprocess.run([sys.executable, "-c", LEFTOVER_SCRIPT, ray_cluster["address"]], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+def test_a_driver_releases_the_placement_groups_its_dead_actors_left_reserved_beside_another_ray(ray_cluster):
+    other = subprocess.Popen([sys.executable, "-c", EMBEDDED_RAY], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert other.stdout.readline() == "up\n"
+        proc = subprocess.run([sys.executable, "-c", LEFTOVER_SCRIPT, ray_cluster["address"]], cwd=REPO,
+                              capture_output=True, text=True, timeout=300)
+    finally:
+        other.stdin.close()
+        other.wait(60)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split() == ["held", "1.0", "released", "1", "held", "0.0"], proc.stdout
+    assert proc.stdout.split() == ["held", "1.0", "released", "1", "held", "0.0"], proc.stdout + proc.stderr[-2000:]
 
 
 def spec_with(tmp_path: Path, *changes: tuple[str, str]) -> Path:

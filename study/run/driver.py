@@ -156,7 +156,7 @@ def _run_study(study: Study, store: Store, root: str, conn: Connection, compact_
     ran = errors = stopped = fruitless = 0
     while True:
         tuner, progress = build_tuner(study, root, work, threads(study), search)
-        grid = fit(tuner, root)
+        grid = fit(tuner, root, conn.address)
         ran, errors = ran + len(grid), errors + finish(store, study.name, grid, time.perf_counter() - t0, "")
         stopped += progress.stopped
         took = f"{time.perf_counter() - t0:.0f}s"
@@ -295,7 +295,7 @@ def resume_study(name: str, *, storage: str, address: str | None = None, verbose
         return run_study(study, **rerun)
     t0 = time.perf_counter()
     with store.lease(name):
-        grid = fit(tuner, root)
+        grid = fit(tuner, root, address)
     errors = finish(store, name, grid, time.perf_counter() - t0, "restored experiment finished")
     missing = [c for c in study.trials if trial_id(c) not in store.completed_trials(name)]
     if missing:  # trials Tune never got to before the driver died
@@ -348,7 +348,7 @@ def evaluate_study(name: str, *, storage: str, overrides: dict[str, Any], trials
     t0 = time.perf_counter()
     with store.lease(name):
         tuner, _ = build_tuner(study, root, work, threads(study), evaluate=True)
-        grid = fit(tuner, root)
+        grid = fit(tuner, root, conn.address)
     errors = finish(store, name, grid, time.perf_counter() - t0, "evaluated")
     return {"ran": n, "skipped": skipped, "errors": errors}
 

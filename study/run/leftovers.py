@@ -10,13 +10,17 @@ new group, registered 0.1 s after the GCS destroyed it. study.run.workers lets n
 whatever such a run still reserved.
 
 When Tune's run has returned, no trial of this driver runs any more, so every placement group its job still holds
-is a leftover. Released through Ray's state API (the dashboard's); an embedded Ray ends with its driver, so there
-is nothing to release there.
+is a leftover. Released through Ray's state API (the dashboard's), asked of this driver's own cluster by its GCS
+address: with no address that API looks for the Ray on this machine and refuses when it finds two (a second cluster,
+another driver's embedded Ray). Only for a driver on a cluster: an embedded Ray ends with its driver, so there is
+nothing to release there, and no dashboard to ask.
 """
 
 from __future__ import annotations
 
 import time
+
+from study.console import eprint
 
 # the GCS gives a controller this long to stop gracefully, then kills it (Ray's default actor shutdown timeout)
 CONTROLLER_GRACE_S = 30.0
@@ -24,18 +28,25 @@ CONTROLLER_GRACE_S = 30.0
 
 def release_leftover_placement_groups(grace_s: float = CONTROLLER_GRACE_S) -> int:
     """Wait (up to grace_s) for this job's Train controllers to end, then remove every placement group this job
-    still holds. Returns how many were removed; 0 where Ray's state API is not served (no dashboard)."""
+    still holds. Returns how many were removed. Call it from a driver connected to a cluster. Where the cluster
+    serves no state API (started without its dashboard), says so in a line and returns 0: it runs after a study's
+    trials, so it must not turn a finished run into a failed one."""
     import ray
     from ray.util.state import list_actors, list_placement_groups
 
-    job = ray.get_runtime_context().get_job_id()
+    context = ray.get_runtime_context()
+    job, cluster = context.get_job_id(), context.gcs_address
     try:
         deadline = time.monotonic() + grace_s
-        while list_actors(filters=[("job_id", "=", job), ("class_name", "=", "TrainController"),
-                                   ("state", "!=", "DEAD")]) and time.monotonic() < deadline:
+        while list_actors(address=cluster, filters=[("job_id", "=", job), ("class_name", "=", "TrainController"),
+                                                    ("state", "!=", "DEAD")]) and time.monotonic() < deadline:
             time.sleep(0.5)
-        held = list_placement_groups(filters=[("creator_job_id", "=", job), ("state", "!=", "REMOVED")])
-    except Exception:  # noqa: BLE001 - no dashboard on this cluster: the state API is not there to ask
+        held = list_placement_groups(address=cluster, filters=[("creator_job_id", "=", job),
+                                                               ("state", "!=", "REMOVED")])
+    except Exception as e:  # noqa: BLE001 - Ray raises several kinds here, none of them a reason to fail the run
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        eprint(f"warning: could not look for placement groups this run's stopped trials left reserved ({reason}); "
+               "`ray list placement-groups --detail` on the head shows them")
         return 0
     remove_placement_groups([group.placement_group_id for group in held])
     return len(held)

@@ -29,7 +29,7 @@ def init_ray(address: str | None, num_cpus: int | None = None, verbose: bool = F
     # Our rows go to the Parquet store. Tune's default CSV/JSON/TensorBoard loggers would only duplicate them, and
     # tensorboardX imports torch into the driver (which crashed job drivers here with an MKL load error).
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
-    embedded = address in (None, "", "local")
+    embedded = is_embedded(address)
     if embedded or is_loopback(urlparse(f"//{address}").hostname or ""):
         # Ray otherwise swaps 127.0.0.1 for the machine's outward IP and looks for a raylet there; this keeps the
         # driver (and an embedded cluster) on loopback. Read by ray_constants at import, so set before importing.
@@ -48,6 +48,11 @@ def init_ray(address: str | None, num_cpus: int | None = None, verbose: bool = F
         env = object_store_env() if address != "auto" else {}
         ray.init(address=address, runtime_env={"env_vars": env} if env else None, log_to_driver=verbose,
                  configure_logging=verbose)
+
+
+def is_embedded(address: str | None) -> bool:
+    """Whether init_ray(address) starts a Ray inside this driver, rather than joining a cluster."""
+    return address in (None, "", "local")
 
 
 def skip_callback_usage_tag() -> None:

@@ -13,6 +13,7 @@ from study.paths import is_uri, machine_cache
 from study.run.leftovers import release_leftover_placement_groups
 from study.run.naming import swept_keys
 from study.run.optuna_storage import OptunaStudy
+from study.run.session import is_embedded
 from study.spec import Study
 from study.store.layout import evaluate_tune_dir, tracking_dir, tune_dir
 from study.trial.work import WorkItem
@@ -136,9 +137,10 @@ def tracking_folder(root: str, study: str) -> Path:
     return Path(local) if local else machine_cache() / "tracking" / study
 
 
-def fit(tuner, root: str):
-    """tuner.fit(), with what Tune raises on a full disk said as what it is: its state and error files cut short
-    end in a bare EOFError, an UnpicklingError or a JSON error, whichever it reads back first."""
+def fit(tuner, root: str, address: str | None):
+    """tuner.fit() on the Ray at `address` (init_ray's), with what Tune raises on a full disk said as what it is: its
+    state and error files cut short end in a bare EOFError, an UnpicklingError or a JSON error, whichever it reads
+    back first. On a cluster, the placement groups its stopped trials left reserved are released at the end."""
     try:
         return tuner.fit()
     except Exception:
@@ -146,4 +148,5 @@ def fit(tuner, root: str):
             raise OSError(errno.ENOSPC, "No space left on device", root) from None
         raise
     finally:
-        release_leftover_placement_groups()  # no trial of this run holds one now
+        if not is_embedded(address):
+            release_leftover_placement_groups()  # no trial of this run holds one now
