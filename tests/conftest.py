@@ -27,6 +27,11 @@ os.environ.setdefault("RAY_health_check_failure_threshold", "3")
 # the lane of tests that need no cluster (at nice 10, below) takes mostly the CPU the cluster leaves idle.
 os.environ.setdefault("RAY_worker_niceness", "0")
 
+# One torch (OpenMP) thread per process. The suite keeps both cores busy with two lanes and the cluster's processes;
+# a process with two OpenMP threads then spins at each barrier waiting for its descheduled twin (measured: a test's
+# trials took 54 CPU-s with two threads beside two busy processes, 6 CPU-s with one), CPU the other lane needs.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 # Ray Train's spot-preemption watcher is one more actor process per trial (two seconds of start-up on these cores)
 # and its metrics callbacks more work at every report; nothing here is a spot instance or reads Ray's metrics.
 os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")

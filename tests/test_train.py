@@ -23,7 +23,7 @@ def test_small_config_learns_4x4_sudoku_to_95_percent_on_held_out_puzzles(tmp_pa
     task = load_task(TaskConfig(name="sudoku", size=4, blanks=(8, 10), n_train=2000, n_test=256,
                                 cache_dir=str(tmp_path)))
     model_cfg = ModelConfig(hidden=64, heads=4, n_layers=2, H=2, L=2, carry=CarryConfig(rule="carry_last"))
-    train_cfg = TrainConfig(steps=500, batch_size=64, lr=3e-3, warmup=30, n_sup=4, ema=0.98, threads=2)
+    train_cfg = TrainConfig(steps=400, batch_size=64, lr=6e-3, warmup=30, n_sup=4, ema=0.98, threads=1)
     trainer = make_trainer(task, train_cfg, model_cfg)
     trainer.fit()
     result = evaluate(trainer.eval_model(), task, EvalConfig(depths=[48]))
