@@ -20,15 +20,14 @@ STEPS, LOG_EVERY = 30, 10
 
 
 @pytest.fixture(scope="module")
-def tracked(tmp_path_factory, ray_cluster):
-    """tests/specs/tiny.yaml (one seed: two trials) run with all three trackers (the driver writes them) on the
-    tests' cluster."""
+def tracked(tmp_path_factory):
+    """tests/specs/tiny.yaml (one seed: two trials) run with all three trackers (the driver writes them) on an
+    embedded Ray."""
     root = tmp_path_factory.mktemp("tracked")
     proc = subprocess.run([sys.executable, "-m", "study.cli", "run", "tests/specs/tiny.yaml", "--store", str(root),
                            f"train.steps={STEPS}", f"train.log_every={LOG_EVERY}", "eval.depths=[6,12]",
-                           "sweep.seeds=[0]", "--tracking", "tensorboard,mlflow,wandb", "--no-plot",
-                           "--address", ray_cluster["address"]], cwd=REPO, capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "RAY_ADDRESS": ""})
+                           "sweep.seeds=[0]", "--tracking", "tensorboard,mlflow,wandb", "--no-plot"], cwd=REPO,
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "RAY_ADDRESS": ""})
     assert proc.returncode == 0, proc.stderr[-3000:]
     trials = pl.from_arrow(Store(root).read("trials", "tiny"))
     depth = pl.from_arrow(Store(root).read("depth_eval", "tiny")).filter(pl.col("difficulty").is_null())
