@@ -218,8 +218,8 @@ def s3_server(tmp_path_factory):
                "uri": f"s3://loopstudy/{{prefix}}?endpoint_override={endpoint}&scheme=http&region=us-east-1"}
     finally:
         proc.terminate()
-        try:
-            proc.wait(30)
+        try:  # its volume server sometimes takes half a minute to stop gracefully; nothing here needs it to
+            proc.wait(3)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
