@@ -44,8 +44,8 @@ def pytest_collection_modifyitems(items):
     one after another on one worker, and every other test on the other. The suite is CPU-bound on two cores, so the
     second lane runs at nice 10 (lane_priority): it fills the time the cluster's lane leaves a core idle and slows
     that lane, the longer one, little. Not 19: a test there that needs a second of CPU must still get it within a
-    few seconds while the cluster's lane keeps both cores busy (at nice 10 it gets a tenth of a core, at 19 a
-    seventieth)."""
+    few seconds while the cluster's lane keeps both cores busy (by the scheduler's nice weights, at nice 10 it
+    gets a tenth of a core, at 19 a seventieth)."""
     for item in items:
         item.add_marker(pytest.mark.xdist_group("cluster" if "ray_cluster" in item.fixturenames else "other"))
 
