@@ -60,10 +60,11 @@ def test_the_swiglu_width_rounds_to_the_multiple_trm_uses():
 
 
 def published(kind="trm", mlp_t=False, hidden=16, prefix=4, vocab=11, seq=9, **over) -> tuple[ModelConfig, TaskSpec]:
-    cfg = ModelConfig(hidden=hidden, heads=2, n_layers=2, H=2, L=3, norm="post", conv=False,
-                      pos="none" if mlp_t else "rope", mixer="mlp" if mlp_t else "attention", swiglu_multiple=256,
-                      init="trunc_lecun", init_states="fixed", head_norm=False, puzzle_prefix=prefix, q_head=True,
-                      h_layers=3 if kind == "hrm" else None, **over)
+    keys = dict(hidden=hidden, heads=2, n_layers=2, H=2, L=3, norm="post", conv=False,
+                pos="none" if mlp_t else "rope", mixer="mlp" if mlp_t else "attention", swiglu_multiple=256,
+                init="trunc_lecun", init_states="fixed", head_norm=False, puzzle_prefix=prefix, q_head=True,
+                h_layers=3 if kind == "hrm" else None)
+    cfg = ModelConfig(**{**keys, **over})
     return cfg, TaskSpec("sudoku", vocab, seq, (3, 3))
 
 
@@ -91,6 +92,102 @@ def test_fixed_initial_states_are_saved_buffers_not_trained():
     names = {n for n, _ in model.named_parameters()}
     assert "y_init" not in names and "z_init" not in names
     assert {"y_init", "z_init"} <= set(model.state_dict())
+
+
+# -- TRM-MLP's block: every norm axis and transpose -------------------------------------------------------------------
+def trm_mlp_block(positions=7, hidden=5):
+    """One TRM-MLP layer (token SwiGLU, then channel SwiGLU, post-norm) in float64, with TRM's init, and an input."""
+    from study.models.block import Block
+
+    cfg, _ = published(mlp_t=True, hidden=hidden, n_layers=1, heads=1)
+    torch.manual_seed(0)
+    block = Block(cfg, (positions,), positions).double()
+    for w in block.parameters():  # weights at a scale that leaves every sum far from its norm's fixed point
+        torch.nn.init.normal_(w, std=0.6)
+    h = torch.randn(2, positions, hidden, dtype=torch.float64) * 3
+    return block, h
+
+
+def channel_swiglu_input(block, h):
+    """What the channel SwiGLU receives: the token sublayer's normalised output."""
+    seen = []
+    handle = block.sublayers[1].register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+    out = block(h)
+    handle.remove()
+    return seen[0], out
+
+
+def rms_over(x, dim):
+    return x.square().mean(dim).sqrt()
+
+
+def test_trm_mlps_token_sublayer_is_normalised_per_channel_over_the_positions():
+    block, h = trm_mlp_block()
+    mid, _ = channel_swiglu_input(block, h)
+    assert torch.allclose(rms_over(mid, 1), torch.ones(2, 5, dtype=torch.float64), atol=1e-5)  # (B, D): all 1
+    assert (rms_over(mid, 2) - 1).abs().max() > 0.05  # not per position over the channels
+
+
+def test_trm_mlps_channel_sublayer_is_normalised_per_position_over_the_channels():
+    block, h = trm_mlp_block()
+    _, out = channel_swiglu_input(block, h)
+    assert torch.allclose(rms_over(out, 2), torch.ones(2, 7, dtype=torch.float64), atol=1e-5)  # (B, L): all 1
+    assert (rms_over(out, 1) - 1).abs().max() > 0.05
+
+
+def test_trm_mlps_token_swiglu_mixes_positions_channel_by_channel():
+    block, h = trm_mlp_block()
+    token = block.sublayers[0]
+    assert token.token_mlp.mlp.gate_up.in_features == 7  # the transpose in: its features are the positions
+    perm = torch.tensor([3, 0, 4, 1, 2])
+    # channels never meet: permuting them permutes the output alike (and the norm over positions keeps that)
+    assert torch.allclose(token(h[:, :, perm]), token(h)[:, :, perm], atol=1e-12)
+    mid, _ = channel_swiglu_input(block, h)
+    mid_perm, _ = channel_swiglu_input(block, h[:, :, perm])
+    assert torch.allclose(mid_perm, mid[:, :, perm], atol=1e-12)
+
+
+def test_trm_mlps_token_swiglu_result_is_transposed_back_to_positions_by_channels():
+    block, h = trm_mlp_block()
+    out = block.sublayers[0](h)
+    assert out.shape == h.shape  # (B, L, D) again
+    one = torch.zeros_like(h)
+    one[:, 2, :] = h[:, 2, :]  # only position 2 non-zero: a position feeds every position of its own channel
+    col = block.sublayers[0].token_mlp.mlp(one[:, :, 1])  # channel 1 as a vector over the positions
+    assert torch.allclose(block.sublayers[0](one)[:, :, 1], col, atol=1e-12)
+
+
+def test_trm_mlps_layer_as_the_specs_text_words_it():
+    """shared/spec/reference_models.md, worked here with plain loops (no transpose, no norm helper): "the attention
+    sublayer is replaced by a SwiGLU over the token axis (its "hidden" is seq_len + puzzle_emb_len: transpose,
+    h = norm(h + mlp_t(h)), transpose back) ... it normalises each channel over the L positions, not each position
+    over the D channels"; then "the channel SwiGLU follows as usual": h = norm(h + mlp(h)) per position. RMSNorm
+    without weight, eps 1e-5; SwiGLU: one projection to 2 * width, gate first, silu(gate) * up, down."""
+    block, h = trm_mlp_block()
+    tw = block.sublayers[0].token_mlp.mlp
+    cw = block.sublayers[1]
+
+    def swiglu(v, gate_up, down):
+        g = gate_up.weight @ v
+        w = g.shape[0] // 2
+        return down.weight @ (g[:w] * torch.sigmoid(g[:w]) * g[w:])
+
+    def norm(u):
+        return u / math.sqrt(float((u * u).mean()) + 1e-5)
+
+    B, L, D = h.shape
+    want = torch.empty_like(h)
+    with torch.no_grad():
+        got = block(h)
+    for b in range(B):
+        mid = torch.empty(L, D, dtype=torch.float64)
+        for c in range(D):  # the token sublayer, channel by channel, over the L positions
+            v = h[b, :, c]
+            mid[:, c] = norm(v + swiglu(v, tw.gate_up, tw.down)).detach()
+        for pos in range(L):  # the channel sublayer, position by position, over the D channels
+            v = mid[pos]
+            want[b, pos] = norm(v + swiglu(v, cw.gate_up, cw.down)).detach()
+    assert torch.allclose(got, want, atol=1e-12, rtol=0)
 
 
 # -- a checkpoint in TRM's format --------------------------------------------------------------------------------------
@@ -122,13 +219,15 @@ def trm_tensors(kind: str, mlp_t: bool, hidden: int, prefix: int, vocab: int, se
     return t
 
 
-def reference_logits(t, kind, mlp_t, heads, prefix, H, L, tokens, n_sup, with_q=False):
+def reference_logits(t, kind, mlp_t, heads, prefix, H, L, tokens, n_sup, with_q=False, dtype=torch.float32):
     """TRM's and HRM's forward as shared/spec/reference_models.md states it, on the raw tensors: the logits after
-    each supervision step (with_q: (logits, the Q head's (halt, continue) logits) per step)."""
+    each supervision step (with_q: (logits, the Q head's (halt, continue) logits) per step). dtype float64 reads
+    the meaning with rounding gone (RoPE's tables still hold float32 angles, as TRM's buffers do)."""
+    t = {k: v.to(dtype) for k, v in t.items()}
     B, S = tokens.shape
     d = t["embed_tokens.embedding_weight"].shape[1]
 
-    def rms(h):
+    def rms(h):  # over the last axis of the layout h is in
         return h * torch.rsqrt(h.square().mean(-1, keepdim=True) + 1e-5)
 
     def swiglu(h, p):
@@ -138,7 +237,7 @@ def reference_logits(t, kind, mlp_t, heads, prefix, H, L, tokens, n_sup, with_q=
     hd = d // heads
     inv = 1.0 / 10000.0 ** (torch.arange(0, hd, 2).float() / hd)
     ang = torch.outer(torch.arange(S + prefix).float(), inv)
-    cos, sin = torch.cat((ang, ang), -1).cos(), torch.cat((ang, ang), -1).sin()
+    cos, sin = torch.cat((ang, ang), -1).cos().to(dtype), torch.cat((ang, ang), -1).sin().to(dtype)
 
     def rot(x):  # x (B, S, heads, hd)
         x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
@@ -155,8 +254,9 @@ def reference_logits(t, kind, mlp_t, heads, prefix, H, L, tokens, n_sup, with_q=
         i = 0
         while f"{name}_level.layers.{i}.mlp.down_proj.weight" in t:
             p = f"{name}_level.layers.{i}."
-            if mlp_t:
-                h = rms(h + swiglu(h.transpose(1, 2), p + "mlp_t.").transpose(1, 2))
+            if mlp_t:  # transpose to (B, D, L); the token SwiGLU and the norm there; transpose back
+                ht = h.transpose(1, 2)
+                h = rms(ht + swiglu(ht, p + "mlp_t.")).transpose(1, 2)
             else:
                 h = rms(h + attention(h, p + "self_attn."))
             h = rms(h + swiglu(h, p + "mlp."))
@@ -164,7 +264,7 @@ def reference_logits(t, kind, mlp_t, heads, prefix, H, L, tokens, n_sup, with_q=
         return h
 
     puzzle = torch.cat([t["puzzle_emb.weights"][torch.zeros(B, dtype=torch.long)],
-                        torch.zeros(B, (prefix - 1) * d)], -1).view(B, prefix, d)
+                        torch.zeros(B, (prefix - 1) * d, dtype=dtype)], -1).view(B, prefix, d)
     x = math.sqrt(d) * torch.cat([puzzle, t["embed_tokens.embedding_weight"][tokens]], 1)
     zH = t["H_init"].expand(B, S + prefix, d)
     zL = t["L_init"].expand(B, S + prefix, d)
@@ -187,9 +287,15 @@ def write_checkpoint(folder, tensors, arch, compiled=True):
     return folder / "step_1000"
 
 
+# float32 to 1e-4; float64, where rounding is gone and a difference of meaning shows at 1e-6 and above, to 1e-9
+PRECISIONS = {"fp32": (torch.float32, 1e-4), "fp64": (torch.float64, 1e-9)}
+
+
+@pytest.mark.parametrize("precision", list(PRECISIONS))
 @pytest.mark.parametrize("kind,mlp_t", [("trm", False), ("trm", True), ("hrm", False)],
                          ids=["trm_att", "trm_mlp", "hrm"])
-def test_a_trm_format_checkpoint_reads_into_the_reasoner_with_the_reference_logits(tmp_path, kind, mlp_t):
+def test_a_trm_format_checkpoint_reads_into_the_reasoner_with_the_reference_logits(tmp_path, kind, mlp_t,
+                                                                                   precision):
     hidden, heads, vocab, seq, H, L = 16, 2, 11, 9, 2, 3
     prefix = 4 if kind == "trm" else 1
     layers = {"L": 2, "H": 3} if kind == "hrm" else {"L": 2}
@@ -222,10 +328,16 @@ def test_a_trm_format_checkpoint_reads_into_the_reasoner_with_the_reference_logi
         assert torch.equal(model.h_block.sublayers[4].attn.qkv.weight,
                            tensors["H_level.layers.2.self_attn.qkv_proj.weight"])
     tokens = torch.randint(0, vocab, (3, seq), generator=torch.Generator().manual_seed(2))
-    want = reference_logits(tensors, kind, mlp_t, heads, prefix, H, L, tokens, 40)
+    dtype, tol = PRECISIONS[precision]
+    model = model.to(dtype)
+    want = reference_logits(tensors, kind, mlp_t, heads, prefix, H, L, tokens, 40, with_q=True, dtype=dtype)
     for n_sup in (1, 2, 4, 16, 40):  # supervision steps: H outer cycles each, the state carried on
-        got = model.logits(model.rollout(tokens, n_sup * H))
-        assert torch.allclose(got, want[n_sup - 1], atol=1e-4, rtol=0), (n_sup, (got - want[n_sup - 1]).abs().max())
+        state = model.rollout(tokens, n_sup * H)
+        logits, q = want[n_sup - 1]
+        got = model.logits(state)
+        assert got.dtype == dtype and torch.allclose(got, logits, atol=tol, rtol=0), (n_sup, (got - logits).abs().max())
+        halt, cont = model.q_logits(state)
+        assert torch.allclose(torch.stack([halt, cont], -1), q, atol=tol, rtol=0), n_sup
 
 
 def test_the_newer_training_state_format_reads_the_emas_weights_over_the_models(tmp_path):

@@ -113,6 +113,14 @@ def test_knobs_added_later_keep_stored_trial_ids_until_set():
         EvalConfig(tau=0)
 
 
+def test_a_corrected_arithmetic_gives_its_trials_new_ids_and_leaves_the_rest():
+    from study.config import ModelConfig, TrialConfig
+
+    # TRM-MLP's token norm now runs over the positions: its stored trials (this id) computed another model
+    assert trial_id(TrialConfig(model=ModelConfig(mixer="mlp", pos="none"))) != "35b7fb0e077f"
+    assert trial_id(TrialConfig()) == "d2789f012f68"  # attention's trials keep theirs
+
+
 def test_overthinking_readout_variants_share_the_baselines_training():
     """max_conf and test-time halting are read off the very weights of carry_last_no_recall (paired by seed)."""
     study = load_study(REPO / "search_spaces" / "cpu" / "overthinking.yaml")

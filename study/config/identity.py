@@ -34,6 +34,11 @@ ADDED_LATER: dict[tuple[str, str], Any] = {
     ("train", "act"): "off", ("train", "halt_exploration"): 0.1, ("task", "identifiers"): None,
 }
 
+# Settings whose arithmetic was corrected after results were stored: a trial with the setting carries the revision
+# in its identity, so the corrected model is a new trial and the study re-runs it rather than reading the old rows as
+# complete. (model.mixer=mlp: TRM-MLP's token-mixer norm over the positions, as TRM's transposed layout takes it.)
+REVISIONS: dict[tuple[str, str, Any], str] = {("model", "mixer", "mlp"): "token-norm-over-positions"}
+
 
 def to_dict(cfg: TrialConfig) -> dict[str, Any]:
     return json.loads(json.dumps(dataclasses.asdict(cfg)))
@@ -97,6 +102,9 @@ def trial_id(cfg: TrialConfig, leave_out: tuple[str, ...] = ()) -> str:
         if d[section].get(name, before) == before:
             d[section].pop(name, None)
     d.pop("label", None)
+    for (section, name, value), revision in REVISIONS.items():
+        if d[section].get(name) == value:
+            d[section][f"{name}_revision"] = revision
     outside_plugins(cfg, d)
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 

@@ -7,6 +7,10 @@ One block = `n_layers` transformer layers. Each layer has two sublayers:
 Norm placement is `post` (TRM/HRM: h = norm(h + sub(h))) or `pre` (FPRM: h = h + sub(norm(h))). With FPRM's tied
 residual scaling (methods.md section 2) every sublayer update is h = a1 * h + b1 * sub(norm(h)), a1 and b1 shared
 by all 2 * n_layers sublayers, and the flat reasoner mixes iterations with (a2, b2).
+
+Each sublayer's norm runs over the axis of the features that sublayer acts on (its `norm_dim`): the channels for
+attention and the channel SwiGLU; the positions for TRM-MLP's token SwiGLU, which TRM computes in the transposed
+layout (B, D, L), norm included, so each channel is normalised over the positions (shared/spec/reference_models.md).
 """
 
 from __future__ import annotations
@@ -22,10 +26,17 @@ from study.config import ModelConfig
 RMS_EPS = 1e-5  # every RMSNorm of the model (the block's, the head's, the carry rules' scores)
 
 
-def rms_norm(x: torch.Tensor, eps: float = RMS_EPS) -> torch.Tensor:
-    """Weightless RMSNorm (as TRM); half precision is upcast to float32 for stability under bf16."""
+def rms_norm(x: torch.Tensor, eps: float = RMS_EPS, dim: int = -1) -> torch.Tensor:
+    """Weightless RMSNorm (as TRM) over axis `dim`; half precision is upcast to float32 for stability under bf16."""
+    if dim % x.dim() != x.dim() - 1:
+        return rms_norm(x.transpose(dim, -1), eps).transpose(dim, -1)
     xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
     return F.rms_norm(xf, (x.shape[-1],), eps=eps).to(x.dtype)
+
+
+def at_least_float32(dtype: torch.dtype) -> torch.dtype:
+    """The dtype TRM's float32 parts (RoPE, the Q head) run in: float32, or float64 for a float64 model."""
+    return torch.promote_types(dtype, torch.float32)
 
 
 ROPE_THETA = 10_000.0  # TRM's and HRM's rope_theta
@@ -50,8 +61,9 @@ def rope_tables(n: int, head_dim: int, device: torch.device) -> tuple[torch.Tens
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x (.., seq, head_dim) rotated by position, "rotate half": halves (x1, x2) -> x cos + (-x2, x1) sin, in
-    float32."""
-    xf = x.float()
+    float32 (float64 for a float64 model; the tables hold float32 angles either way, as TRM's)."""
+    xf = x.to(at_least_float32(x.dtype))
+    cos, sin = cos.to(xf.dtype), sin.to(xf.dtype)
     x1, x2 = xf.chunk(2, dim=-1)
     return (xf * cos + torch.cat((-x2, x1), dim=-1) * sin).to(x.dtype)
 
@@ -122,6 +134,8 @@ class GridConv(nn.Module):
 class SwiGLU(nn.Module):
     """silu(gate) * up, then down; one projection to (gate, up) in that order. width: the features it acts on."""
 
+    norm_dim = -1  # the axis of its norm: its features, the channels
+
     def __init__(self, cfg: ModelConfig, width: int | None = None):
         super().__init__()
         d = width or cfg.hidden
@@ -135,7 +149,8 @@ class SwiGLU(nn.Module):
 
 
 class TokenMLP(nn.Module):
-    """TRM-MLP's token mixing: a SwiGLU over the token axis (its width: the sequence length, prefix included)."""
+    """TRM-MLP's token mixing: a SwiGLU over the token axis (its width: the sequence length, prefix included),
+    computed in the transposed layout (B, D, L) and transposed back to (B, L, D)."""
 
     def __init__(self, cfg: ModelConfig, seq_len: int):
         super().__init__()
@@ -153,6 +168,8 @@ class Mixer(nn.Module):
 
     def __init__(self, cfg: ModelConfig, grid: tuple[int, ...], seq_len: int):
         super().__init__()
+        # the axis of its norm: TRM-MLP normalises each channel over the positions (reference_models.md)
+        self.norm_dim = 1 if cfg.mixer == "mlp" else -1
         self.attn = Attention(cfg) if cfg.mixer == "attention" else None
         self.token_mlp = TokenMLP(cfg, seq_len) if cfg.mixer == "mlp" else None
         self.conv = GridConv(cfg, grid) if cfg.conv else None
@@ -204,11 +221,11 @@ class Block(nn.Module):
             a1, b1, _, _ = self.scaling.coefficients()
             a1, b1 = a1.to(h.dtype), b1.to(h.dtype)
             for sub in self.sublayers:
-                h = a1 * h + b1 * sub(rms_norm(h))
+                h = a1 * h + b1 * sub(rms_norm(h, dim=sub.norm_dim))
         elif self.cfg.norm == "pre":
             for sub in self.sublayers:
-                h = h + sub(rms_norm(h))
+                h = h + sub(rms_norm(h, dim=sub.norm_dim))
         else:
             for sub in self.sublayers:
-                h = rms_norm(h + sub(h))
+                h = rms_norm(h + sub(h), dim=sub.norm_dim)
         return h

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from study.config import ModelConfig
-from study.models.block import Block, rms_norm
+from study.models.block import Block, at_least_float32, rms_norm
 from study.models.carry import CarryState, make_carry
 from study.models.halting import HaltState, advance_halting, relative_residual, start_halting
 from study.models.init import trunc_lecun_, trunc_normal_
@@ -164,8 +164,10 @@ class Reasoner(nn.Module):
         return out
 
     def q_logits(self, state: LoopState) -> tuple[torch.Tensor, torch.Tensor]:
-        """TRM's Q head in float32 from the outer state's first position: (halt, continue) logits per sample."""
-        q = self.q_head(state.outer.h[:, 0].to(self.q_head.weight.dtype)).float()
+        """TRM's Q head in float32 (float64 for a float64 model) from the outer state's first position: (halt,
+        continue) logits per sample."""
+        w = self.q_head.weight
+        q = self.q_head(state.outer.h[:, 0].to(w.dtype)).to(at_least_float32(w.dtype))
         return q[:, 0], q[:, 1]
 
     def init_state(self, x: torch.Tensor) -> LoopState:
