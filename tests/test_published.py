@@ -340,6 +340,55 @@ def test_a_trm_format_checkpoint_reads_into_the_reasoner_with_the_reference_logi
         assert torch.allclose(torch.stack([halt, cont], -1), q, atol=tol, rtol=0), n_sup
 
 
+@pytest.mark.parametrize("kind", ["trm", "hrm"])
+def test_the_q_head_halts_each_sample_at_the_update_the_reference_q_logits_say(tmp_path, kind):
+    """model.halting.rule q_head at test time halts as ACT does (reference_models.md): after each whole update, TRM
+    when q_halt > 0, HRM when q_halt > q_continue; every sample at max_updates. A halted sample keeps that state."""
+    from study.config import HaltingConfig
+
+    hidden, heads, vocab, seq, H, L, B, most = 16, 2, 11, 9, 2, 3, 32, 8
+    prefix = 4 if kind == "trm" else 1
+    layers = {"L": 2, "H": 3} if kind == "hrm" else {"L": 2}
+    tensors = {k: v.double() for k, v in trm_tensors(kind, False, hidden, prefix, vocab, seq, layers).items()}
+    tokens = torch.randint(0, vocab, (B, seq), generator=torch.Generator().manual_seed(4))
+    compare = "zero" if kind == "trm" else "continue"
+    tensors["q_head.weight"][1] *= 0.2  # q_continue varies less than q_halt: their difference rises for some samples
+
+    def reference():
+        out = reference_logits(tensors, kind, False, heads, prefix, H, L, tokens, most + 2, with_q=True,
+                               dtype=torch.float64)
+        return [o[0] for o in out], torch.stack([o[1] for o in out])  # q: (updates, B, 2)
+
+    def halting_updates(q):  # per sample, the update after which ACT halts it
+        says = q[..., 0] > 0 if compare == "zero" else q[..., 0] > q[..., 1]
+        says[most - 1:] = True
+        return says.float().argmax(0) + 1
+
+    _, q = reference()
+    # the halt logit's bias moved to where the samples' halting updates spread most (the q head's bias adds to
+    # q_halt alone, so each candidate's halting updates follow from the reference's logits)
+    edge = q[..., 0] if compare == "zero" else q[..., 0] - q[..., 1]  # what is compared with 0
+    shift = max(edge[:most].flatten().tolist(), key=lambda c: len(set(halting_updates(
+        torch.stack([q[..., 0] - c, q[..., 1]], -1)).tolist())))
+    tensors["q_head.bias"][0] -= shift - 1e-6  # (just below a sample's value: no tie at 0)
+    logits, q = reference()
+    first = halting_updates(q)
+    assert len(set(first.tolist())) >= 3, first  # the pin sees several halting updates
+
+    keys = published_keys(kind, {"name": ARCH_NAMES[kind], "num_heads": heads, "H_cycles": H, "L_cycles": L,
+                                 "L_layers": 2, "H_layers": 3, "puzzle_emb_ndim": hidden, "puzzle_emb_len": prefix},
+                          tensors, "ckpt")
+    cfg = ModelConfig(**keys, halting=HaltingConfig(enabled=True, rule="q_head", q_compare=compare, max_updates=most))
+    model = build_reasoner(cfg, TaskSpec("sudoku", vocab, seq, (3, 3))).double().eval()
+    model.load_state_dict(to_state_dict(tensors, kind, model, "ckpt"))
+    state = model.rollout(tokens, (most + 2) * H)
+    assert bool(state.halt.halted.all())
+    assert torch.equal(state.halt.eff_layers, first * cfg.layers_per_update)
+    got = model.logits(state)
+    for i in range(B):
+        assert torch.allclose(got[i], logits[int(first[i]) - 1][i], atol=1e-9, rtol=0), i
+
+
 def test_the_newer_training_state_format_reads_the_emas_weights_over_the_models(tmp_path):
     tensors = trm_tensors("trm", False, 16, 4, 11, 9, {"L": 2})
     prefix = "_orig_mod.model.inner."
@@ -419,7 +468,8 @@ def cli(*args, cwd=None):
 
 # the config of the small TRM-Att checkpoints the command-line tests read (hidden 16, one layer, H2 L2, prefix 4)
 SMALL_TRM_ARCH = {"name": ARCH_NAMES["trm"], "num_heads": 2, "expansion": 4, "H_cycles": 2, "L_cycles": 2,
-                  "L_layers": 1, "H_layers": 0, "pos_encodings": "rope", "puzzle_emb_ndim": 16, "puzzle_emb_len": 4}
+                  "L_layers": 1, "H_layers": 0, "pos_encodings": "rope", "puzzle_emb_ndim": 16, "puzzle_emb_len": 4,
+                  "halt_max_steps": 16}
 
 
 @pytest.fixture
@@ -453,6 +503,30 @@ def test_a_checkpoint_is_read_at_depth_with_steps_0_and_its_model_loads_back(sud
     assert torch.allclose(model.logits(model.rollout(torch.ones(1, 16, dtype=torch.long), 6)), want, atol=1e-4)
 
 
+def test_the_q_heads_halting_enters_the_depth_rows_and_the_halting_table(sudoku_checkpoint, capsys):
+    import polars as pl
+
+    from study.cli import main
+    from study.store import Store
+
+    folder, _, trial = sudoku_checkpoint
+    store = str(folder / "r")
+    for extra in ([], ["eval.halting=true", "eval.halting_rule=q_head"], ["eval.halting=true"]):
+        assert main(["trial", str(trial), *extra, "--store", store, "--study", "q"]) == 0, capsys.readouterr().err
+    depth = pl.from_arrow(Store(store).read("depth_eval", "q")).filter(pl.col("difficulty").is_null())
+    trials = pl.from_arrow(Store(store).read("trials", "q"))
+    assert trials["model.halting.max_updates"].to_list() == [16, 16, 16]  # the checkpoint's halt_max_steps
+    q = depth.join(trials.filter(pl.col("eval.halting_rule") == "q_head").select("trial_id"), on="trial_id")
+    deepest = q.filter(pl.col("depth_layers") == 600).row(0, named=True)
+    # the Q head (bias -5 at most: it says continue) halts every sample by 16 updates of 6 layers at the latest
+    assert deepest["halted_frac"] == 1.0 and 0 < deepest["eff_layers"] <= 16 * 6
+    assert deepest["flops"] < q.filter(pl.col("depth_layers") == 60)["flops"][0] * 10  # halted: no more layers paid
+    capsys.readouterr()
+    assert main(["table", "halting", "--store", store, "--study", "q"]) == 0
+    out = capsys.readouterr().out
+    assert "q_head" in out and "halted_frac" in out, out
+
+
 def test_a_trial_fine_tunes_from_another_studys_stored_weights(tmp_path, capsys):
     from study.cli import main
     from study.store import Store
@@ -469,10 +543,21 @@ def test_a_trial_fine_tunes_from_another_studys_stored_weights(tmp_path, capsys)
     assert tune.returncode == 0, tune.stderr[-2000:]
     tuned = Store(tmp_path / "r").read("trials", "tuned").to_pylist()[0]
     assert tuned["init_sha256"] == row["weights_sha256"] and tuned["model.init_from"] == f"pre/{row['trial_id']}"
+    # the stored trial's model keys are taken as a checkpoint's are: a trial file that leaves them out reads them
+    bare = tmp_path / "bare.yaml"
+    bare.write_text("task: {name: sudoku, size: 4, n_train: 32, n_test: 8}\n"
+                    f"model: {{init_from: pre/{row['trial_id']}}}\ntrain: {{steps: 0}}\neval: {{depths: [4]}}\n")
+    assert main(["trial", str(bare), "--store", str(tmp_path / "r"), "--study", "bare"]) == 0, capsys.readouterr().err
+    read = Store(tmp_path / "r").read("trials", "bare").to_pylist()[0]
+    assert (read["model.hidden"], read["model.heads"], read["model.n_layers"], read["model.H"], read["model.L"]) == \
+        (16, 2, 1, 1, 1) and read["init_sha256"] == row["weights_sha256"]
+    capsys.readouterr()
     code = main(["trial", str(base), f"model.init_from=pre/{row['trial_id']}", "model.hidden=32", "--store",
                  str(tmp_path / "r"), "--study", "wrong"])
     err = capsys.readouterr().err
-    assert code == 2 and "do not fit this trial's model" in err, err[-2000:]
+    assert code == 2 and f"model.hidden=32 contradicts the stored trial pre/{row['trial_id']}, whose model.hidden " \
+        "is 16" in err and err.strip().count("\n") == 0, err[-2000:]
+    assert "wrong" not in Store(tmp_path / "r").studies()  # nothing stored
 
 
 def test_the_checkpoint_enters_the_trial_id_by_content_not_by_path(sudoku_checkpoint):
@@ -509,6 +594,23 @@ def test_bad_checkpoint_reads_are_refused_in_one_line_before_any_trial(sudoku_ch
         assert code == 0, err[-2000:]
         return
     assert code == 2 and needle in err and err.strip().count("\n") == 0, err
+    assert not (folder / "r").exists()  # nothing stored
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")], ids=["nan", "inf"])
+def test_a_checkpoint_with_a_non_finite_value_is_refused_naming_the_tensor_before_any_trial(sudoku_checkpoint,
+                                                                                           bad, capsys):
+    from study.cli import main
+
+    folder, tensors, trial = sudoku_checkpoint
+    tensors = {**tensors, "L_level.layers.0.mlp.down_proj.weight": tensors["L_level.layers.0.mlp.down_proj.weight"]}
+    tensors["L_level.layers.0.mlp.down_proj.weight"][3, 5] = bad
+    write_checkpoint(folder / "ckpt", tensors, SMALL_TRM_ARCH)
+    code = main(["trial", str(trial), "--store", str(folder / "r")])
+    err = capsys.readouterr().err
+    word = "NaN" if bad != bad else "infinite"
+    assert code == 2 and "tensor _orig_mod.model.inner.L_level.layers.0.mlp.down_proj.weight holds " + word in err \
+        and err.strip().count("\n") == 0, err
     assert not (folder / "r").exists()  # nothing stored
 
 

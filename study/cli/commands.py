@@ -24,7 +24,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
     from study.store import Store
     from study.trial.execute import TrialContext, TrialHooks, run_trial
 
-    cfg = load_trial_file(args.config, args.overrides)
+    cfg = load_trial_file(args.config, args.overrides, store_root=None if args.no_store else args.store)
     store = None if args.no_store else Store(args.store)  # a bad root fails now, not after training
     tid = trial_id(cfg)
     from study.tasks import TASKS
@@ -81,10 +81,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from study.run.driver import run_study, storage_root
     from study.spec import load_study
 
-    study = load_study(args.spec, args.overrides)
+    study = load_study(args.spec, args.overrides, store_root=args.store)
     more = [f"tracking.{t}=true" for t in args.tracking if not getattr(study.spec.tracking, t)]
     if more:  # --tracking turns on what the spec's tracking section leaves off (and keeps its settings)
-        study = load_study(args.spec, [*args.overrides, *more])
+        study = load_study(args.spec, [*args.overrides, *more], store_root=args.store)
     root = storage_root(study, args.store)
     if args.dry_run:
         return dry_run(study, args, root)

@@ -32,7 +32,19 @@ ADDED_LATER: dict[tuple[str, str], Any] = {
     ("model", "puzzle_prefix"): 0, ("model", "q_head"): False, ("model", "init_from"): None,
     ("model", "inner_grad_steps"): None, ("train", "optimizer"): "adamw", ("train", "weight_decay_on"): "matrices",
     ("train", "act"): "off", ("train", "halt_exploration"): 0.1, ("task", "identifiers"): None,
+    ("model", "halting.rule"): "residual", ("eval", "halting_rule"): None,
 }
+# The Q head's halting settings, read only by the q_head rule: out of the identity of a trial that does not use it.
+Q_HALTING = ("q_compare", "max_updates")
+
+
+def _pop_unchanged(section: dict[str, Any], name: str, before: Any) -> None:
+    """Drop the dotted `name` from `section` while it holds `before` (ADDED_LATER)."""
+    *path, last = name.split(".")
+    for part in path:
+        section = section.get(part, {})
+    if section.get(last, before) == before:
+        section.pop(last, None)
 
 # Settings whose arithmetic was corrected after results were stored: a trial with the setting carries the revision
 # in its identity, so the corrected model is a new trial and the study re-runs it rather than reading the old rows as
@@ -98,9 +110,11 @@ def trial_id(cfg: TrialConfig, leave_out: tuple[str, ...] = ()) -> str:
     checkpoint = trm_path(d["model"].get("init_from"))
     if checkpoint:  # an imported checkpoint enters by content, as data files do
         d["model"]["init_from"] = "trm:sha256:" + file_digest(checkpoint_file(checkpoint))
+    if "q_head" not in (cfg.model.halting.rule, cfg.eval.halting_rule):
+        for name in Q_HALTING:
+            d["model"]["halting"].pop(name, None)
     for (section, name), before in ADDED_LATER.items():
-        if d[section].get(name, before) == before:
-            d[section].pop(name, None)
+        _pop_unchanged(d[section], name, before)
     d.pop("label", None)
     for (section, name, value), revision in REVISIONS.items():
         if d[section].get(name) == value:
@@ -145,8 +159,8 @@ def eval_id(cfg: TrialConfig) -> str:
     which evaluation of a trial's weights a row is."""
     d = to_dict(cfg)["eval"]
     for (section, name), before in ADDED_LATER.items():
-        if section == "eval" and d.get(name, before) == before:
-            d.pop(name, None)
+        if section == "eval":
+            _pop_unchanged(d, name, before)
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
 

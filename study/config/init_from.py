@@ -12,6 +12,13 @@ from __future__ import annotations
 TRM = "trm:"
 TRM_CONFIG = "all_config.yaml"  # the run's config that pretrain.py writes beside its checkpoints
 
+# The model keys a stored trial's weights mean (their shapes and the arithmetic that reads them), which
+# `STUDY/TRIAL_ID` takes from the stored trial as `trm:PATH` takes its keys from the checkpoint. Left to the new
+# trial: how weights are made or trained (init, grad_steps, inner_grad_steps) and test-time halting.
+WEIGHT_KEYS = ("kind", "hidden", "heads", "n_layers", "expansion", "norm", "conv", "residual_scaling", "pos", "mixer",
+               "h_layers", "swiglu_multiple", "init_states", "head_norm", "puzzle_prefix", "q_head", "H", "L",
+               "recall", "carry.rule", "carry.placement")
+
 
 def trm_path(value: str | None) -> str | None:
     """The checkpoint path of a `trm:PATH` value (None for anything else)."""

@@ -33,9 +33,18 @@ Gamma = Annotated[float, Bound(gt=0, le=1)]
 
 @pdataclass(config={"extra": "forbid"})
 class HaltingConfig:
-    """enabled: halted samples freeze (state and effective layers). FPOpt's eta runs either way (damped rule)."""
+    """enabled: halted samples freeze (state and effective layers). FPOpt's eta runs either way (damped rule).
+    rule: what halts a sample: its fixed-point residual (FPRM: below tau, or FPOpt's eta below eta_min), or the
+    model's Q head read after each whole update as TRM's and HRM's ACT reads it (at test time; in training
+    train.act halts)."""
 
     enabled: bool = False
+    # what halts a sample: its fixed-point residual (residual, FPRM) or the Q head (q_head, TRM / HRM ACT)
+    rule: Literal["residual", "q_head"] = "residual"
+    # q_head: halt when q_halt > 0 (zero: TRM, no_ACT_continue) or when q_halt > q_continue (continue: HRM)
+    q_compare: Literal["zero", "continue"] = "zero"
+    # q_head: the most updates a sample runs (TRM's halt_max_steps; null: as many as the reading's depth)
+    max_updates: Annotated[int, Bound(ge=1)] | None = None
     # a sample halts once its relative fixed-point residual is below tau
     tau: Tau = 0.1
     # FPOpt: eta <- gamma * eta when the residual has not improved for `patience` steps
@@ -115,7 +124,8 @@ class ModelConfig:
     # TRM's Q head: (halt, continue) logits from the outer state's first position
     q_head: bool = False
     # the weights to start from: trm:PATH (a TinyRecursiveModels / HRM checkpoint; the model keys left out come
-    # from it) or STUDY/TRIAL_ID (another study's stored weights in the same store); null: a fresh init
+    # from it) or STUDY/TRIAL_ID (another study's stored weights in the same store; the model keys its weights mean
+    # come from that trial the same way); null: a fresh init
     init_from: str | None = None
     carry: CarryConfig = field(default_factory=CarryConfig)
     halting: HaltingConfig = field(default_factory=HaltingConfig)
@@ -146,6 +156,8 @@ class ModelConfig:
                                                or re.fullmatch(r"[^/\s]+/[0-9a-f]{12}", self.init_from)):
             raise ValueError(f"model.init_from={self.init_from!r} is not allowed; give trm:PATH (a TRM or HRM "
                              "checkpoint) or STUDY/TRIAL_ID (a trial's stored weights)")
+        if self.halting.rule == "q_head" and not self.q_head:
+            raise ValueError("model.halting.rule=q_head needs model.q_head=true (the Q head it reads)")
         if self.h_layers is not None and (self.kind != "nested" or self.residual_scaling):
             raise ValueError("model.h_layers (HRM's outer block) needs model.kind=nested without "
                              "model.residual_scaling")
@@ -254,8 +266,9 @@ class TrainConfig:
 class EvalConfig:
     """depths: executed layers at which to read accuracy (each a whole number of outer cycles / iterations).
     H, L: evaluate with other cycle counts than training (the papers evaluate H6 L12); None keeps training's.
-    halting: override model.halting.enabled; tau, gamma: override model.halting.tau / .gamma at test time only
-    (FPRM's code evaluates with gamma 0.99; a test-time tau sweep needs no retraining of the halting rule).
+    halting: override model.halting.enabled; halting_rule, tau, gamma: override model.halting.rule / .tau / .gamma
+    at test time only (FPRM's code evaluates with gamma 0.99; a test-time tau sweep needs no retraining of the
+    halting rule; one set of weights is read with fixed depth, FPRM's halting and the Q head's).
     stability: (u1, u2) updates. perturb_update: update at which the state is perturbed (None: no perturbation
     test). compile: torch.compile the step of the evaluation rollout ("reduce-overhead", i.e. CUDA graphs, on a
     GPU); same numbers, less per-step overhead, a one-off compile cost. readout: the prediction a depth reading
@@ -268,6 +281,8 @@ class EvalConfig:
     # inner cycles at test time; null keeps training's
     L: Annotated[int | None, Bound(ge=1)] = None
     halting: bool | None = None
+    # the halting rule at test time (residual or q_head); null keeps model.halting.rule
+    halting_rule: Literal["residual", "q_head"] | None = None
     tau: Tau | None = None
     gamma: Gamma | None = None
     # evaluate the first n_test test samples only (null: all)
@@ -298,8 +313,8 @@ class EvalConfig:
     def model_config(self, trained: ModelConfig) -> ModelConfig:
         """The configuration the evaluation runs: training's with H, L and halting (on/off, tau, gamma) overridden."""
         changes = {k: getattr(self, k) for k in ("H", "L") if getattr(self, k) is not None}
-        halting = {k: v for k, v in (("enabled", self.halting), ("tau", self.tau), ("gamma", self.gamma))
-                   if v is not None}
+        halting = {k: v for k, v in (("enabled", self.halting), ("rule", self.halting_rule), ("tau", self.tau),
+                                     ("gamma", self.gamma)) if v is not None}
         if halting:
             changes["halting"] = dataclasses.replace(trained.halting, **halting)
         if changes.get("H") is not None and trained.grad_steps > changes["H"]:

@@ -43,6 +43,8 @@ ETA = _when(lambda c: uses(c, *ETA_RULES) or halting_anywhere(c),
 HALTING = _when(halting_anywhere, "halting is off (model.halting.enabled and eval.halting)")
 EVAL_HALTING = _when(lambda c: eval_halting(c) or uses(c, *ETA_RULES),
                      "the evaluation neither halts (eval.halting / model.halting.enabled) nor damps")
+Q_HALTING = _when(lambda c: eval_halting(c) and c.eval.model_config(c.model).halting.rule == "q_head",
+                  "the evaluation does not halt by the Q head (model.halting.rule / eval.halting_rule q_head)")
 NESTED = _when(lambda c: c.model.kind == "nested", "model.kind is flat (one loop, no inner cycles)")
 PUZZLES = _when(lambda c: "puzzle_embedding" in TASKS[c.task.name].reads or c.model.puzzle_prefix > 0,
                 "the model has no puzzle embedding (task arc has one; model.puzzle_prefix gives any task TRM's)")
@@ -71,6 +73,10 @@ READ_WHEN: dict[str, Callable[[TrialConfig], str | None]] = {
     "model.halting.patience": ETA,
     "model.halting.eta0": ETA,
     "model.halting.eta_min": HALTING,
+    "model.halting.rule": HALTING,
+    "model.halting.q_compare": Q_HALTING,
+    "model.halting.max_updates": Q_HALTING,
+    "eval.halting_rule": EVAL_HALTING,
     "eval.L": NESTED,
     "eval.tau": EVAL_HALTING,
     "eval.gamma": EVAL_HALTING,

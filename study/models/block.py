@@ -134,8 +134,6 @@ class GridConv(nn.Module):
 class SwiGLU(nn.Module):
     """silu(gate) * up, then down; one projection to (gate, up) in that order. width: the features it acts on."""
 
-    norm_dim = -1  # the axis of its norm: its features, the channels
-
     def __init__(self, cfg: ModelConfig, width: int | None = None):
         super().__init__()
         d = width or cfg.hidden
@@ -177,6 +175,11 @@ class Mixer(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.attn(x) if self.attn is not None else self.token_mlp(x)
         return out + self.conv(x) if self.conv is not None else out
+
+
+def norm_dim(sub: nn.Module) -> int:
+    """The axis of a sublayer's norm: the one it declares, else the channels."""
+    return getattr(sub, "norm_dim", -1)
 
 
 class ResidualScaling(nn.Module):
@@ -221,11 +224,11 @@ class Block(nn.Module):
             a1, b1, _, _ = self.scaling.coefficients()
             a1, b1 = a1.to(h.dtype), b1.to(h.dtype)
             for sub in self.sublayers:
-                h = a1 * h + b1 * sub(rms_norm(h, dim=sub.norm_dim))
+                h = a1 * h + b1 * sub(rms_norm(h, dim=norm_dim(sub)))
         elif self.cfg.norm == "pre":
             for sub in self.sublayers:
-                h = h + sub(rms_norm(h, dim=sub.norm_dim))
+                h = h + sub(rms_norm(h, dim=norm_dim(sub)))
         else:
             for sub in self.sublayers:
-                h = rms_norm(h + sub(h), dim=sub.norm_dim)
+                h = rms_norm(h + sub(h), dim=norm_dim(sub))
         return h

@@ -24,7 +24,7 @@ from torch import nn
 from study.config import ModelConfig
 from study.models.block import Block, at_least_float32, rms_norm
 from study.models.carry import CarryState, make_carry
-from study.models.halting import HaltState, advance_halting, relative_residual, start_halting
+from study.models.halting import HaltState, advance_halting, q_says_halt, relative_residual, start_halting
 from study.models.init import trunc_lecun_, trunc_normal_
 from study.tasks.base import TaskSpec
 
@@ -185,13 +185,22 @@ class Reasoner(nn.Module):
             # (Not with gradient: the loss must keep its path to the parameters, even if it carries zeros.)
             return LoopState(state.outer, state.inner, state.halt, state.steps + 1)
         new, residual = self._step(state, x)
-        halt = advance_halting(self.cfg.halting, state.halt, residual, self.layers_per_step)
+        halt = advance_halting(self.cfg.halting, state.halt, residual, self.layers_per_step, self.q_halt(new))
         outer, inner = new.outer, new.inner
         if self.cfg.halting.enabled:  # without halting nothing is frozen: skip the per-step device sync
             frozen = state.halt.halted
             outer = outer.select(frozen, state.outer)
             inner = inner.select(frozen, state.inner) if inner is not None else None
         return LoopState(outer, inner, halt, state.steps + 1)
+
+    def q_halt(self, new: LoopState) -> torch.Tensor | None:
+        """With the q_head halting rule at test time: after each whole update (H steps), which samples the Q head
+        halts (None on other steps, in training, and under the residual rule)."""
+        cfg = self.cfg.halting
+        steps = new.steps + 1
+        if not cfg.enabled or cfg.rule != "q_head" or torch.is_grad_enabled() or steps % self.cfg.H:
+            return None
+        return q_says_halt(cfg, *self.q_logits(new), steps // self.cfg.H)
 
     def update(self, x: torch.Tensor, state: LoopState) -> LoopState:
         """One deep-supervision update: H steps, gradient only through the last `grad_steps` (section 2, 5)."""

@@ -55,6 +55,10 @@ def read_tensors(path: Path) -> dict[str, torch.Tensor]:
         name = str(key)
         for prefix in PREFIXES:
             name = name.removeprefix(prefix)
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            bad = "NaN" if bool(value.isnan().any()) else "infinite"
+            raise CheckpointError(f"checkpoint {path}: tensor {key} holds {bad} values; a model read from it "
+                                  "would predict nothing meaningful")
         out[name] = value.float()
     return out
 
@@ -115,6 +119,15 @@ def published_keys(kind: str, arch: dict[str, Any], tensors: dict[str, torch.Ten
         raise CheckpointError(f"{source}: puzzle_emb_ndim {ndim} is not the hidden size {hidden}; loopstudy reads "
                               "puzzle embeddings of one row of hidden values")
     return keys
+
+
+def halting_defaults(kind: str, arch: dict[str, Any]) -> dict[str, Any]:
+    """How the checkpoint's own ACT halts (model.halting's q_head settings, which a spec may change): TRM on
+    q_halt > 0 (`no_ACT_continue`, its default), HRM on q_halt > q_continue; at most `halt_max_steps` updates."""
+    plain = kind == "trm" and bool(arch.get("no_ACT_continue", True))
+    steps = arch.get("halt_max_steps")
+    return {"halting.q_compare": "zero" if plain else "continue",
+            "halting.max_updates": int(steps) if isinstance(steps, int) and steps >= 1 else None}
 
 
 def shape_facts(tensors: dict[str, torch.Tensor]) -> dict[str, int]:

@@ -120,11 +120,13 @@ def grid_points(sweep: SweepSpec) -> list[dict[str, Any]]:
     return points
 
 
-def resolve_spec_paths(data: dict[str, Any], base: Path, source: str = "<spec>") -> None:
+def resolve_spec_paths(data: dict[str, Any], base: Path, source: str = "<spec>", store_root: str | None = None) -> None:
     """Data-file paths anywhere in a spec (base sections, grid axes, variants) made absolute against the spec's
-    folder, in place; the saved copy of the spec (status, resume) then finds them from anywhere."""
+    folder, in place; the saved copy of the spec (status, resume) then finds them from anywhere. model.init_from
+    completes the model keys (a stored trial's in `store_root`, else in the spec's storage)."""
     resolve_data_paths(data, base)
-    resolve_init_from(data, base, source)
+    storage = data.get("storage") if isinstance(data.get("storage"), str) else None
+    resolve_init_from(data, base, source, store_root or storage)
     sweep = data.get("sweep")
     if not isinstance(sweep, dict):
         return
@@ -144,19 +146,22 @@ def resolve_spec_paths(data: dict[str, Any], base: Path, source: str = "<spec>")
                 var[k] = absolute_data_path(var[k], base)
 
 
-def load_study(path: str | Path, overrides: list[str] | None = None) -> Study:
-    """Read and validate a spec; expand grid studies to their trials. Raises ConfigError naming file and key."""
+def load_study(path: str | Path, overrides: list[str] | None = None, *, store_root: str | None = None) -> Study:
+    """Read and validate a spec; expand grid studies to their trials. Raises ConfigError naming file and key.
+    store_root: the results root it runs against (model.init_from STUDY/TRIAL_ID reads its trial there)."""
     data = merge(load_yaml(path), parse_overrides(overrides or []))
-    resolve_spec_paths(data, Path(path).resolve().parent, str(path))
+    resolve_spec_paths(data, Path(path).resolve().parent, str(path), store_root)
     return study_from_data(data, str(path))
 
 
-def load_trial_file(path: str | Path, overrides: list[str] | None = None) -> TrialConfig:
+def load_trial_file(path: str | Path, overrides: list[str] | None = None, *,
+                    store_root: str | None = None) -> TrialConfig:
     """`loopstudy trial`'s config: a trial file (sections task/model/train/eval/seed) plus key=value overrides, its
-    data files and model.init_from's checkpoint read against the file's folder and checked as a spec's are."""
+    data files and model.init_from's checkpoint (or stored trial, in `store_root`) read against the file's folder
+    and checked as a spec's are."""
     data = merge(load_yaml(path), parse_overrides(overrides or []))
     base = Path(path).resolve().parent
-    resolve_init_from(resolve_data_paths(data, base), base, str(path))
+    resolve_init_from(resolve_data_paths(data, base), base, str(path), store_root)
     cfg = build_trial(data, str(path))
     check_data([cfg], str(path))
     check_init_from([cfg], str(path))

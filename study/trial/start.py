@@ -8,6 +8,8 @@
   take every tensor in its shape (`check_init_from`), before any trial starts. The carry rules' own parameters,
   which TRM has none of, keep their fresh init.
 - STUDY/TRIAL_ID: that trial's stored final weights in the same store, checked against the hash its row keeps.
+  Given the store when the spec is read, the model keys those weights mean (study.config.init_from.WEIGHT_KEYS)
+  come from the stored trial's row as a checkpoint's do, with the same refusal of a contradicting key.
 
 `load_start` loads them into a trial's freshly built model before training (or, with train.steps 0, before it is
 only read at eval.depths) and returns the sha256 of what it read, which the trial's row records (init_sha256).
@@ -23,27 +25,30 @@ from typing import Any
 
 from study.config import TrialConfig
 from study.config.identity import file_digest
-from study.config.init_from import TRM, checkpoint_file, stored_trial, trm_path
+from study.config.init_from import TRM, WEIGHT_KEYS, checkpoint_file, stored_trial, trm_path
 from study.errors import ConfigError
 from study.paths import is_uri, normalized_uri, redacted
 
 
 @functools.lru_cache(maxsize=8)
 def _read(path: str, size: int, mtime_ns: int) -> Facts:
-    from study.models.trm_checkpoint import published_keys, read_arch, read_tensors, shape_facts
+    from study.models.trm_checkpoint import halting_defaults, published_keys, read_arch, read_tensors, shape_facts
 
     tensors = read_tensors(Path(path))
     kind, arch = read_arch(Path(path))
-    return Facts(kind, published_keys(kind, arch, tensors, path), shape_facts(tensors)["puzzles"])
+    return Facts(kind, published_keys(kind, arch, tensors, path), shape_facts(tensors)["puzzles"],
+                 halting_defaults(kind, arch))
 
 
 @dataclass(frozen=True)
 class Facts:
-    """What a checkpoint says of itself: 'trm' or 'hrm', the model keys it implies, its puzzle-embedding rows."""
+    """What a checkpoint says of itself: 'trm' or 'hrm', the model keys it implies, its puzzle-embedding rows, and
+    the keys of its own halting (defaults a spec may change)."""
 
     kind: str
     keys: dict[str, Any]
     puzzle_rows: int
+    defaults: dict[str, Any]
 
 
 def checkpoint_facts(path: str) -> Facts:
@@ -56,12 +61,18 @@ def checkpoint_facts(path: str) -> Facts:
     return _read(os.path.abspath(path), st.st_size, st.st_mtime_ns)
 
 
-def resolve_init_from(data: dict[str, Any], base: Path, source: str) -> dict[str, Any]:
-    """A trial or spec dict with `model.init_from: trm:PATH` completed from the checkpoint (in place; returns data):
-    PATH absolute against `base`, every model key the checkpoint fixes filled in where the dict leaves it out; a
-    key it sets to another value is refused, naming both."""
+def resolve_init_from(data: dict[str, Any], base: Path, source: str, store_root: str | None = None) -> dict[str, Any]:
+    """A trial or spec dict with `model.init_from` completed from what it names (in place; returns data): for
+    trm:PATH, PATH absolute against `base` and every model key the checkpoint fixes; for STUDY/TRIAL_ID (with the
+    results root `store_root`), every key of WEIGHT_KEYS from the stored trial. Each is filled in where the dict
+    leaves it out; a key it sets to another value is refused, naming both."""
     model = data.get("model")
-    if not isinstance(model, dict) or trm_path(model.get("init_from")) is None:
+    if not isinstance(model, dict):
+        return data
+    where = stored_trial(model.get("init_from"))
+    if where is not None and store_root is not None:
+        fill_keys(model, stored_keys(store_root, *where), source, f"the stored trial {model['init_from']}")
+    if trm_path(model.get("init_from")) is None:
         return data
     path = trm_path(model["init_from"])
     if is_uri(path):
@@ -70,13 +81,43 @@ def resolve_init_from(data: dict[str, Any], base: Path, source: str) -> dict[str
         path = Path(path).expanduser()
         path = str(path if path.is_absolute() else (base / path).resolve())
     model["init_from"] = TRM + path
-    for key, value in checkpoint_facts(path).keys.items():
-        if key not in model:
-            model[key] = value
-        elif model[key] != value:
-            raise ConfigError(f"{source}: model.{key}={model[key]!r} contradicts the checkpoint {redacted(path)}, "
-                              f"whose model.{key} is {value!r}; leave model.{key} out to take the checkpoint's")
+    facts = checkpoint_facts(path)
+    fill_keys(model, facts.keys, source, f"the checkpoint {redacted(path)}")
+    fill_keys(model, facts.defaults, source, "", refuse=False)
     return data
+
+
+def fill_keys(model: dict[str, Any], keys: dict[str, Any], source: str, origin: str, refuse: bool = True) -> None:
+    """`keys` (dotted within the model section) into the spec's model dict where it leaves them out; one it sets to
+    another value is refused, naming both (refuse False: the spec's value stands)."""
+    for key, value in keys.items():
+        *path, name = key.split(".")
+        section = model
+        for part in path:
+            section = section.setdefault(part, {})
+        if name not in section:
+            section[name] = value
+        elif refuse and section[name] != value:
+            raise ConfigError(f"{source}: model.{key}={section[name]!r} contradicts {origin}, whose model.{key} is "
+                              f"{value!r}; leave model.{key} out to take its value")
+
+
+def stored_keys(store_root: str, study_name: str, tid: str) -> dict[str, Any]:
+    """WEIGHT_KEYS of a stored trial, from its row (a key added after the row was written: the value that
+    reproduces the behaviour from before it, as the trial's identity reads it)."""
+    from study.config.identity import ADDED_LATER
+    from study.store import Store
+
+    store = Store(store_root)
+    row = store.trial_row(study_name, tid)
+    if not row:
+        raise ConfigError(f"model.init_from {study_name}/{tid}: no trial {tid} in study {study_name!r} in "
+                          f"{store.uri}")
+    out = {}
+    for key in WEIGHT_KEYS:
+        value = row.get(f"model.{key}")
+        out[key] = ADDED_LATER.get(("model", key), None) if value is None else value
+    return out
 
 
 def check_init_from(configs: list[TrialConfig], source: str) -> None:
