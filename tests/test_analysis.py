@@ -294,3 +294,17 @@ def test_overthinking_figure_is_drawn_from_the_store(overthinking_store, tmp_pat
     store, _ = overthinking_store
     written = figures.plot(store, "over", "overthinking", tmp_path)
     assert {p.suffix for p in written} == {".png", ".pdf"} and all(p.stat().st_size > 1000 for p in written)
+
+
+def test_float_settings_are_named_in_the_fewest_digits_that_keep_them_apart_and_at_least_three():
+    import polars as pl
+
+    from study.analysis.tables import with_setting
+
+    df = pl.DataFrame({"train.lr": [0.0010426094533788973, 0.0010429912, 0.0031, 0.0031, None],
+                       "model.L": [1, 2, 3, 3, 4]})
+    assert with_setting(df, ["train.lr", "model.L"])["setting"].to_list() == [
+        "lr=0.0010426 L=1", "lr=0.001043 L=2", "lr=0.0031 L=3", "lr=0.0031 L=3", "lr=- L=4"]
+    one = pl.DataFrame({"train.lr": [0.0010426094533788973, 0.5]})
+    assert with_setting(one, ["train.lr"])["setting"].to_list() == ["lr=0.00104", "lr=0.5"]
+    assert one["train.lr"][0] == 0.0010426094533788973  # the value itself stays whole

@@ -205,3 +205,66 @@ def test_the_example_distribution_is_what_the_readme_installs():
     readme = (REPO / "README.md").read_text()
     assert "-e examples/plugins" in readme
     assert Path(REPO / "examples" / "plugins" / "pyproject.toml").is_file()
+
+
+MIX = {
+    "loopstudy_mix/__init__.py": "",
+    "loopstudy_mix/defs.py": """
+        from dataclasses import dataclass
+
+        from study.config.rules import CarryRuleDef
+
+        @dataclass
+        class Settings:
+            mix_init: float = 0.5  # the share of the new candidate in the carried state
+
+        RULE = CarryRuleDef("mix", "loopstudy_mix.rule:Mix", Settings)
+    """,
+    "loopstudy_mix/rule.py": """
+        from study.models.carry import CarryRule, CarryState
+
+        class Mix(CarryRule):
+            def __init__(self, d, cfg):
+                super().__init__(d, cfg)
+                self.mix = cfg.settings_of("mix").mix_init
+
+            def step(self, state, z, eta=None, *, in_place=False):
+                return CarryState(self.mix * z + (1 - self.mix) * state.h)
+    """,
+    "loopstudy_mix-0.1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: loopstudy-mix\nVersion: 0.1.0\n",
+    "loopstudy_mix-0.1.0.dist-info/entry_points.txt": "[loopstudy.carry_rules]\nmix = loopstudy_mix.defs:RULE\n",
+}
+
+
+def test_a_stored_study_names_the_same_settings_with_its_plugin_uninstalled(tmp_path):
+    """Two trials that differ only in a plugin rule's setting are two settings to every reader, whether the plugin
+    is installed or not: the store's own columns name them, not the installed config."""
+    site = tmp_path / "site"
+    for rel, text in MIX.items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_text(textwrap.dedent(text).lstrip())
+    installed = {"PYTHONPATH": str(site)}
+    trial = tmp_path / "t.yaml"
+    trial.write_text("task: {name: sudoku, size: 4, n_train: 32, n_test: 8}\nmodel: {hidden: 16, heads: 2, "
+                     "n_layers: 1, H: 1, L: 1, carry: {rule: mix}}\ntrain: {steps: 2, batch_size: 8, warmup: 1}\n"
+                     "eval: {depths: [2, 6]}\n")
+    store = str(tmp_path / "r")
+    for mix in (0.2, 0.8):
+        proc = loopstudy("trial", str(trial), f"model.carry.mix_init={mix}", "--store", store, "--study", "m",
+                         env=installed)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    said = {}
+    for name, env in (("installed", installed), ("uninstalled", {"PYTHONPATH": ""})):
+        table = loopstudy("table", "depth", "--store", store, "--study", "m", "--format", "csv", env=env)
+        assert table.returncode == 0, table.stderr[-2000:]
+        said[name] = pl.read_csv(table.stdout.encode())
+        api = subprocess.run([sys.executable, "-c", "from study.analysis.tables import load_context; "
+                              "from study.store import Store; import sys; "
+                              "print(sorted(load_context(Store(sys.argv[1]), 'm').trials['setting']))", store],
+                             cwd=REPO, capture_output=True, text=True, env={**os.environ, **env})
+        assert api.returncode == 0 and api.stdout.strip() == "['mix_init=0.2', 'mix_init=0.8']", api.stdout + \
+            api.stderr[-2000:]
+    plugins = loopstudy("plugins", env={"PYTHONPATH": ""})
+    assert "mix" not in plugins.stdout.split()  # uninstalled indeed
+    assert sorted(set(said["installed"]["setting"])) == ["mix_init=0.2", "mix_init=0.8"]
+    assert said["uninstalled"].equals(said["installed"])

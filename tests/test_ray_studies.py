@@ -349,30 +349,44 @@ def test_resume_continues_the_optuna_study_of_a_search_whose_driver_died(ray_clu
         t.user_attrs["loopstudy_trial_id"] for t in counted}
 
 
-def test_an_optuna_search_interrupted_by_ctrl_c_resumes_to_every_sample_distinct_and_run_once(ray_cluster, tmp_path):
-    """Ctrl-C after the first sample, then resume: the search ends with num_samples distinct complete samples (the
-    resumed sampler does not draw the finished sample's parameters again), the first one not run again."""
-    overrides = ["model.hidden=16", "task.n_train=128", "task.n_test=16", "train.steps=10", "train.log_every=5",
+def test_an_optuna_search_interrupted_by_ctrl_c_continues_its_running_sample_and_ends_with_every_sample_once(
+        ray_cluster, tmp_path):
+    """Ctrl-C after the first sample, while the second trains with a checkpoint, then resume: the second sample
+    continues with its parameters from its checkpoint (not drawn anew, not started again); the search ends with
+    num_samples distinct complete samples, none stopped, the first one not run again."""
+    overrides = ["model.hidden=16", "task.n_train=128", "task.n_test=16", "train.steps=120", "train.log_every=5",
                  "train.warmup=2", "train.checkpoint_every=5", "sweep.optuna.num_samples=4",
                  "sweep.max_concurrent=1", "sweep.asha=null", "eval.depths=[12]"]
     driver = subprocess.Popen([sys.executable, "-m", "study.cli", "run", "search_spaces/optuna_hpo.yaml",
                                *overrides, "--address", ray_cluster["address"], "--store", str(tmp_path), "--no-plot"],
                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
-    while len(complete_ids(tmp_path, "optuna_hpo")) < 1:
+
+    def running_with_checkpoint() -> list[Path]:  # Tune trial folders of an unfinished trial that has a checkpoint
+        done = complete_ids(tmp_path, "optuna_hpo")
+        return [d for d in (tmp_path / "_tune" / "optuna_hpo").glob("*/") if list(d.glob("checkpoint_*"))
+                and (d / "result.json").exists() and last_report(str(d)).get("trial") not in done]
+
+    while len(complete_ids(tmp_path, "optuna_hpo")) < 1 or not running_with_checkpoint():
         assert driver.poll() is None, driver.communicate()[1][-3000:]
         assert time.time() < deadline
-        time.sleep(0.2)
+        time.sleep(0.1)
+    cut = last_report(str(running_with_checkpoint()[0]))["trial"]
     driver.send_signal(signal.SIGINT)
     _, err = driver.communicate(timeout=300)
     assert driver.returncode == 130, err[-3000:]
     first = complete_ids(tmp_path, "optuna_hpo")
+    assert cut not in first
     mtimes = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "trials").rglob("*.parquet") if p.stem in first}
 
     proc = loopstudy("resume", "optuna_hpo", "--store", str(tmp_path), "--address", ray_cluster["address"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = pl.from_arrow(Store(tmp_path).read("trials", "optuna_hpo"))
-    assert rows.filter(pl.col("status") == "complete").height == 4, rows.select("trial_id", "status")
+    assert rows.height == 4 and set(rows["status"]) == {"complete"}, rows.select("trial_id", "status")
+    assert cut in set(rows["trial_id"])  # the interrupted sample's own trial, completed
+    continued = [last_report(str(d)) for d in (tmp_path / "_tune" / "optuna_hpo").glob("*/")
+                 if (d / "result.json").exists() and last_report(str(d)).get("trial") == cut]
+    assert [r.get("resumed_step", 0) > 0 for r in continued if r.get("final")] == [True], continued
     assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "trials").rglob("*.parquet")
             if p.stem in first} == mtimes  # the first sample was not run again
     journal = JournalStorage(JournalFileBackend(str(tmp_path / "_optuna" / "optuna_hpo.journal")))
@@ -380,7 +394,8 @@ def test_an_optuna_search_interrupted_by_ctrl_c_resumes_to_every_sample_distinct
             if t.state.name == "COMPLETE"]
     assert len({tuple(sorted(t.params.items())) for t in done}) == len(done) == 4
     status = loopstudy("status", "optuna_hpo", "--store", str(tmp_path))
-    assert "4/4" in status.stdout + status.stderr, status.stdout + status.stderr
+    said = status.stdout + status.stderr
+    assert "4/4" in said and "stopped" not in said, said
 
 
 def test_resume_with_a_damaged_tune_state_runs_the_saved_spec(ray_cluster, tmp_path):

@@ -68,6 +68,10 @@ def test_a_sample_left_running_whose_trial_completed_is_told_complete_with_its_s
     assert trials[finished_run.number].state.name == "COMPLETE" and trials[finished_run.number].value == 0.75
     assert trials[finished_run.number].user_attrs == {"loopstudy_trial_id": "t-done"}
     assert trials[cut_short.number].state.name == "FAIL" and trials[cut_short.number].user_attrs["interrupted"]
+    # the cut-short sample is enqueued again: the search's next sample runs its trial, from its checkpoint
+    waiting = [t for t in trials.values() if t.state.name == "WAITING"]
+    assert len(waiting) == 1 and waiting[0].user_attrs == {"continues": cut_short.number}
+    assert ot.ask({"x": optuna.distributions.FloatDistribution(0, 1)}).params == cut_short.params
     twin = ot.ask()
     twin.set_user_attr("loopstudy_trial_id", "t-done")
     ot.tell(twin, 0.75)

@@ -19,6 +19,7 @@ from study.config import NON_IDENTITY, layers_per_step
 from study.console import eprint
 from study.errors import AnalysisError
 from study.metrics import METRICS
+from study.run.naming import float_labels
 from study.spec.membership import KINDS, Membership, membership
 from study.store import Store
 
@@ -71,7 +72,11 @@ def with_setting(trials: pl.DataFrame, axes: list[str]) -> pl.DataFrame:
     for c in axes:
         if c != "label":  # a variant's name speaks for itself
             parts.append(pl.lit(f"{short(c)}="))
-        parts += [pl.col(c).cast(pl.String).fill_null("-"), pl.lit(" ")]
+        text = pl.col(c).cast(pl.String)
+        if trials.schema[c].is_float():  # in the fewest digits that keep the study's values apart
+            labels = float_labels(trials[c].drop_nulls().to_list())
+            text = pl.Series([None if v is None else labels[v] for v in trials[c].to_list()], dtype=pl.String)
+        parts += [text.fill_null("-"), pl.lit(" ")]
     return trials.with_columns(pl.concat_str(parts[:-1]).alias("setting"))
 
 

@@ -22,6 +22,17 @@ def value(v: Any) -> str:
     return f"{v:.3g}" if isinstance(v, float) else str(v)
 
 
+def float_labels(values: Sequence[float], at_least: int = 3) -> dict[float, str]:
+    """Each value in the fewest significant digits (at least `at_least`) that keep the distinct values apart:
+    the labels of a study's settings (an Optuna sample's lr=0.00104, not 0.0010426094533788973)."""
+    distinct = sorted(set(values))
+    for digits in range(at_least, 18):
+        labels = {v: f"{v:.{digits}g}" for v in distinct}
+        if len(set(labels.values())) == len(distinct):
+            return labels
+    return {v: repr(v) for v in distinct}
+
+
 def picks(values: dict[str, Any]) -> str:
     """`key=value,...` of dotted keys (an Optuna sample's picks, a grid point's values); '' when there are none."""
     return ",".join(f"{k.rsplit('.', 1)[-1]}={value(v)}" for k, v in values.items())

@@ -22,6 +22,7 @@ from study.spec.optuna_location import rdb_scheme
 FINISHED = ("COMPLETE", "PRUNED", "FAIL")
 TRIAL_ID_ATTR = "loopstudy_trial_id"  # the trial a sample ran as (its rows' trial_id), set when it ends
 INTERRUPTED = "interrupted"  # a sample its driver's death cut short: FAIL, not counted towards num_samples
+CONTINUES = "continues"  # an enqueued sample's attribute: the number of the interrupted sample it continues
 DRIVERS = {"postgresql": "psycopg2-binary", "mysql": "PyMySQL (and a mysql+pymysql:// URL)", "oracle": "oracledb",
            "mssql": "pyodbc"}  # what `pip install` gives an RDB URL's default driver
 CONNECT_TIMEOUT_S = 10  # a database server that does not answer in this long is not there
@@ -88,8 +89,9 @@ def prepare(location: str, study: str, spec_hash: str, modes: list[str],
     study's lease). One driver runs a study at a time, so no trial left RUNNING by an earlier driver (killed, or
     stopped by Ctrl-C before Tune told the searcher) is running: `settled(params)` says whether its sample ran to
     completion anyway ((the loopstudy trial id, its objective values) from the results store): it is then told
-    COMPLETE with those values; otherwise it is marked FAIL with user attribute `interrupted`, and does not count
-    as a finished sample."""
+    COMPLETE with those values; otherwise it is marked FAIL with user attribute `interrupted`, does not count as a
+    finished sample, and its parameters are enqueued: the search's next sample is the same trial, which continues
+    from the checkpoint the interrupted one left (study.run.carried)."""
     import optuna
     from optuna.trial import TrialState
 
@@ -113,8 +115,10 @@ def prepare(location: str, study: str, spec_hash: str, modes: list[str],
             continue
         storage.set_trial_user_attr(tid, INTERRUPTED, True)
         storage.set_trial_state_values(tid, TrialState.FAIL)
+        ot.enqueue_trial(t.params, user_attrs={CONTINUES: t.number})
     trials = ot.get_trials(deepcopy=False)
-    return OptunaStudy(location, name, len(finished_samples(trials)), len(trials))
+    asked = [t for t in trials if t.state != TrialState.WAITING]  # (an enqueued sample is not drawn by the sampler)
+    return OptunaStudy(location, name, len(finished_samples(trials)), len(asked))
 
 
 def finished_samples(trials) -> set[str]:

@@ -24,6 +24,7 @@ from typing import Any
 
 from study.config import TrialConfig, build_trial, set_dotted, trial_id
 from study.metrics import METRICS, depth_report, summary_metrics
+from study.run.carried import carried_checkpoint
 from study.run.restore import CKPT_FILE, RestoreFromExistingCheckpoint
 from study.store import Store
 from study.trial.work import WorkItem, work_from_json
@@ -42,8 +43,9 @@ class TuneSession:
     ones)."""
 
     def __init__(self, tid: str, node: str, steps: int, objectives: tuple[str, ...] | list[str] = (), *, api,
-                 rank: int = 0, world: int = 1):
+                 rank: int = 0, world: int = 1, carried=None):
         self.tid, self.node, self.steps = tid, node, max(1, steps)
+        self.carried = carried  # () -> an earlier Tune trial's checkpoint of this sample (study.run.carried)
         self.api, self.rank, self.world = api, rank, world
         self.pending = dict.fromkeys(objectives)  # every objective, None until the final report
         self.last = {"train_exact_acc": 0.0, "train_cell_acc": 0.0, "train_loss": float("nan"), "lr": 0.0, "step": 0}
@@ -75,6 +77,8 @@ class TuneSession:
 
     def resume(self, trainer) -> None:
         ckpt = self.api.get_checkpoint()
+        if ckpt is None and self.carried is not None:
+            ckpt = self.carried()
         if ckpt is not None:
             with ckpt.as_directory() as d:
                 trainer.load(Path(d) / CKPT_FILE)
@@ -149,7 +153,10 @@ def run_work(config: dict[str, Any], *, api=None, parallel=None) -> None:
                            writes=rank == 0)
 
     def tune_session(tid: str, steps: int) -> TuneSession:
-        return TuneSession(tid, node, steps, config.get("objectives", []), api=api or tune, rank=rank, world=world)
+        searched = config.get("searched")
+        carried = (lambda: carried_checkpoint(config["store"], study_name, searched)) if searched else None
+        return TuneSession(tid, node, steps, config.get("objectives", []), api=api or tune, rank=rank, world=world,
+                           carried=carried)
 
     def read_stored(weights_of: str, reported: str, session: TuneSession, **extra) -> None:
         """Take the readings of stored weights (every worker: each reads its share), then the last report: trial

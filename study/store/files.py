@@ -94,6 +94,8 @@ class Root:
     local: bool
     warned: set[str] = field(default_factory=set)
     verdicts: dict[tuple, str | None] = field(default_factory=dict)
+    # per file version: its config columns that the installed config does not declare (an uninstalled plugin's)
+    extras: dict[tuple, list] = field(default_factory=dict)
 
     @classmethod
     def open(cls, uri: str) -> Root:

@@ -1,5 +1,6 @@
 """Whether a file may be read as a trial's rows: a cheap whole-file check (the Parquet magic at its end) and a
-footer check (readable, the table's column types, rows of the trial its name says)."""
+footer check (readable, the table's column types, rows of the trial its name says). The footer also says which
+config columns the file holds beyond the installed config's (a plugin's settings, read without the plugin)."""
 
 from __future__ import annotations
 
@@ -48,17 +49,27 @@ def check_file(root: Root, table: str, info: Entry | pafs.FileInfo, want: pa.Sch
     file version (size, mtime) for this Store, since one command scans a table many times."""
     key = (table, info.path, info.size, info.mtime_ns)
     if key not in root.verdicts:
-        root.verdicts[key] = _footer_verdict(root, table, info.path, want)
+        root.verdicts[key] = _footer_verdict(root, table, info.path, want, key)
     return root.verdicts[key]
 
 
-def _footer_verdict(root: Root, table: str, path: str, want: pa.Schema) -> str | None:
+def extra_config_fields(root: Root, table: str, info: Entry | pafs.FileInfo) -> list[pa.Field]:
+    """The config columns a checked file holds that the table's installed schema lacks (check_file first)."""
+    return root.extras.get((table, info.path, info.size, info.mtime_ns), [])
+
+
+CONFIG_SECTIONS = ("task", "model", "train", "eval")  # a trials row's config columns: <section>.<key>
+
+
+def _footer_verdict(root: Root, table: str, path: str, want: pa.Schema, key: tuple) -> str | None:
     try:
         with root.fs.open_input_file(path) as fh:
             meta = pq.read_metadata(fh)
         got = meta.schema.to_arrow_schema()
     except (pa.ArrowException, OSError) as e:
         return f"unreadable Parquet ({str(e).splitlines()[0]})"
+    root.extras[key] = [f for f in got if want.get_field_index(f.name) < 0
+                        and f.name.split(".", 1)[0] in CONFIG_SECTIONS]
     for f in got:
         i = want.get_field_index(f.name)
         if i >= 0 and not f.type.equals(want.field(i).type):

@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from study.errors import StoreError
 from study.store.files import Root
-from study.store.integrity import STRAY, check_file
+from study.store.integrity import STRAY, check_file, extra_config_fields
 from study.store.layout import compacting_marker, file_trial_id, study_of_dir
 from study.store.listing import list_table, studies
 from study.store.schema import schema
@@ -35,10 +35,12 @@ def being_compacted(root: Root, study: str | None) -> dict[str, list[int]]:
     return out
 
 
-def sources(root: Root, table: str, study: str | None, skip_bad: bool) -> tuple[list[str], list[str]]:
-    """(trial files, compacted files) whose footers show them sound and of the table's schema. A bad file is a
-    StoreError naming it, or with skip_bad is named on stderr and left out; a file of another trial than its
-    name says is always left out (named)."""
+def sources(root: Root, table: str, study: str | None, skip_bad: bool) -> tuple[list[str], list[str], pa.Schema]:
+    """(trial files, compacted files, the schema to read them with) for the files whose footers show them sound
+    and of the table's schema. The schema is the table's, plus the config columns the files hold that the installed
+    config does not declare (an uninstalled plugin's settings), so that what a study swept reads the same whatever
+    is installed. A bad file is a StoreError naming it, or with skip_bad is named on stderr and left out; a file of
+    another trial than its name says is always left out (named)."""
     want = schema(table)
     trial_infos, compacted_infos = list_table(root, table, study)
     if compacted_infos:  # files a running compaction is about to remove: read their rows from its output
@@ -46,11 +48,14 @@ def sources(root: Root, table: str, study: str | None, skip_bad: bool) -> tuple[
         trial_infos = [i for i in trial_infos if doomed.get(i.path) != [i.size, i.mtime_ns]]
     kept: dict[str, list[str]] = {"trial": [], "compacted": []}
     bad = {}
+    extras: dict[str, pa.Field] = {}
     for kind, infos in (("trial", trial_infos), ("compacted", compacted_infos)):
         for info in infos:
             why = check_file(root, table, info, want)
             if why is None:
                 kept[kind].append(info.path)
+                for f in extra_config_fields(root, table, info):
+                    extras.setdefault(f.name, f)
             elif why.startswith(STRAY):
                 root.warn(info.path, why[len(STRAY):])
             else:
@@ -61,7 +66,7 @@ def sources(root: Root, table: str, study: str | None, skip_bad: bool) -> tuple[
                          "Pass --skip-bad (skip_bad=True) to read the rest.")
     for f, why in bad.items():
         root.warn(f, why)
-    return kept["trial"], kept["compacted"]
+    return kept["trial"], kept["compacted"], pa.schema([*want, *(extras[n] for n in sorted(extras))])
 
 
 def study_of_file(path: str) -> str:
@@ -78,9 +83,9 @@ def scan(root: Root, table: str, study: str | None = None, skip_bad: bool = Fals
     or folder with `=` in its name is not a Hive partition)."""
     import polars as pl
 
+    trial, compacted, arrow_schema = sources(root, table, study, skip_bad)
     # (not Schema.empty_table(), which imports pandas: half a second of every reading command's start)
-    sch = pl.from_arrow(pa.Table.from_batches([], schema=schema(table))).schema
-    trial, compacted = sources(root, table, study, skip_bad)
+    sch = pl.from_arrow(pa.Table.from_batches([], schema=arrow_schema)).schema
     opts = {"schema": sch, "missing_columns": "insert", "extra_columns": "ignore", "hive_partitioning": False,
             "glob": False, "storage_options": root.polars_options()}
 
@@ -106,8 +111,11 @@ def read(root: Root, table: str, study: str | None = None, skip_bad: bool = Fals
     """All rows of `table` (one study or all), with a `study` column, under the table's current schema."""
     import polars as pl
 
-    full = schema(table).append(pa.field("study", pa.string()))
     try:
-        return scan(root, table, study, skip_bad).collect().to_arrow().cast(full)
+        df = scan(root, table, study, skip_bad).collect()
+        # the table's schema, plus the config columns only the files hold (see sources), in the scan's order
+        full = schema(table).append(pa.field("study", pa.string()))
+        full = pa.schema([*full, *(f for f in df.to_arrow().schema if full.get_field_index(f.name) < 0)])
+        return df.select(full.names).to_arrow().cast(full)
     except (pl.exceptions.PolarsError, OSError) as err:  # damage past the footer
         raise StoreError(f"reading table {table} from {root.uri}: {err}") from None
