@@ -798,3 +798,15 @@ def test_a_disk_that_fills_during_a_run_ends_in_loopstudys_lines_only(tmp_path):
     assert "no space left on the device" in proc.stderr or "No space left on device" in proc.stderr
     assert all(ln.startswith(("[tiny]", "loopstudy:", "figures:")) for ln in proc.stderr.splitlines() if ln.strip()), \
         proc.stderr[-3000:]
+
+
+def test_the_end_of_run_release_of_placement_groups_says_what_it_could_not_do_and_never_raises():
+    """It runs in fit's finally, after the trials: a cluster gone by then (the driver disconnected) is a line on
+    stderr, never an exception that turns a finished run into a failed one, and it starts no Ray of its own."""
+    code = ("import ray\n"
+            "from study.run.leftovers import release_leftover_placement_groups\n"
+            "print('released', release_leftover_placement_groups(grace_s=0), 'ray started', ray.is_initialized())\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "RAY_ADDRESS": ""})
+    assert proc.returncode == 0 and proc.stdout.strip() == "released 0 ray started False", proc.stderr[-2000:]
+    assert "not connected to the cluster" in proc.stderr

@@ -109,6 +109,15 @@ def test_a_dry_run_shows_what_would_run_and_skip_on_the_cluster_and_starts_nothi
     assert paper.stdout.count(" run ") == 18 and "would run 18 of 18" in paper.stderr
     assert "a run here would be refused" in paper.stderr and "resources.gpu=1" in paper.stderr
     assert "the cluster offers" in paper.stderr and not (tmp_path / "paper").exists()
+    # every refusal named, and the shipped specs' placeholder bucket named as one, never looked up
+    hrm = loopstudy("run", "search_spaces/paper/hrm.yaml", "--dry-run", "--address", ray_cluster["address"])
+    refusals = [line for line in hrm.stderr.splitlines() if "a run here would be refused" in line]
+    assert hrm.returncode == 0 and len(refusals) == 3, hrm.stderr[-3000:]
+    assert ["placeholder" in r for r in refusals] == [True, False, False], refusals
+    assert "resources.gpu=1" in refusals[1] and "resources.cpu=8" in refusals[2], refusals
+    assert "resolve" not in hrm.stderr.lower()
+    real = loopstudy("run", "search_spaces/paper/hrm.yaml", "--address", ray_cluster["address"])
+    assert real.returncode == 2 and "s3://YOUR-BUCKET/loopstudy is the shipped specs' placeholder" in real.stderr
 
 
 # A driver as `run`, `resume` and `evaluate --address` start one (study.run.session.init_ray), then one task on a

@@ -85,7 +85,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     more = [f"tracking.{t}=true" for t in args.tracking if not getattr(study.spec.tracking, t)]
     if more:  # --tracking turns on what the spec's tracking section leaves off (and keeps its settings)
         study = load_study(args.spec, [*args.overrides, *more], store_root=args.store)
-    root = storage_root(study, args.store)
+    root = storage_root(study, args.store, allow_placeholder=args.dry_run)
     if args.dry_run:
         return dry_run(study, args, root)
     if "working_dir_files" in os.getcwd():

@@ -19,7 +19,7 @@ from typing import Any
 from study.config import trial_id
 from study.console import eprint
 from study.errors import ConfigError
-from study.paths import resolve_root
+from study.paths import is_uri, resolve_root
 from study.run.optuna_storage import OptunaStudy, prepare
 from study.run.plan import pending_work, plan_readings, plan_work, reads_line
 from study.run.preflight import preflight_study
@@ -72,9 +72,25 @@ def finish(store: Store, name: str, grid, took: float, what: str) -> int:
     return errors
 
 
-def storage_root(study: Study, override: str | None) -> str:
-    """The results root for a run: --store if given, else the spec's `storage`."""
-    return resolve_root(override or study.spec.storage)
+PLACEHOLDER_BUCKET = "YOUR-BUCKET"  # the paper specs' storage until a user names theirs (s3://YOUR-BUCKET/loopstudy)
+
+
+def placeholder(study: Study, root: str) -> str | None:
+    """The refusal of a results root that is the shipped specs' placeholder bucket (None: a real root)."""
+    if is_uri(root) and PLACEHOLDER_BUCKET in root.split("?", 1)[0]:
+        return (f"{study.source}: storage {root.split('?', 1)[0]} is the shipped specs' placeholder, not a bucket; "
+                "pass --store ROOT (a path, or s3://your-bucket/prefix) or set storage in the spec")
+    return None
+
+
+def storage_root(study: Study, override: str | None, allow_placeholder: bool = False) -> str:
+    """The results root for a run: --store if given, else the spec's `storage`; the placeholder bucket is refused
+    (allow_placeholder: returned, for a dry run to name it)."""
+    root = override or study.spec.storage
+    said = placeholder(study, root)
+    if said is not None and not allow_placeholder:
+        raise ConfigError(said)
+    return root if said is not None else resolve_root(root)
 
 
 def save_spec(store: Store, study: Study) -> None:
@@ -226,11 +242,12 @@ def dry_run_study(study: Study, *, address: str | None = None, storage: str | No
     sample (what it is, whether it runs, what it holds), "offers": what each node has, "refused": the checks' lines,
     "root": the results root}."""
     from study.run.optuna_storage import peek
-    from study.run.preflight import check_node_plugins, check_resources, check_storage, data_files
+    from study.run.preflight import check_node_plugins, check_storage, data_files, resource_refusals
 
     conn = Connection(address, num_cpus, shared_storage, verbose)
-    root = storage_root(study, storage)
-    store = Store(root)
+    root = storage_root(study, storage, allow_placeholder=True)
+    refused = [said] if (said := placeholder(study, root)) else []
+    store = None if refused else Store(root)  # (a placeholder is never asked: its host does not exist)
     res = study.spec.resources
     holds = {"cpu": f"{res.cpu:g}", "gpu": f"{res.gpu:g}", "workers": res.workers}
     if study.is_optuna:
@@ -239,8 +256,9 @@ def dry_run_study(study: Study, *, address: str | None = None, storage: str | No
         trials = [{"trial": f"Optuna sample {i + 1}", "action": "skip (finished)" if i < finished else "run", **holds}
                   for i in range(optuna.num_samples)]
     else:
-        done = store.completed_trials(study.name)
-        reads = {r.tid: w.weights_of or trial_id(w.train) for w in plan_work(study, store, done) for r in w.readings}
+        done = store.completed_trials(study.name) if store is not None else set()
+        reads = {} if store is None else {r.tid: w.weights_of or trial_id(w.train)
+                                          for w in plan_work(study, store, done) for r in w.readings}
         trials = [{"trial": c.label or "trial", "seed": c.seed, "trial_id": trial_id(c),
                    "action": "skip (complete)" if trial_id(c) in done else
                    f"read the weights of {reads[trial_id(c)]}" if trial_id(c) in reads else "run", **holds}
@@ -249,9 +267,9 @@ def dry_run_study(study: Study, *, address: str | None = None, storage: str | No
     import ray
 
     nodes = cluster_nodes()
-    refused = []
-    for check in (lambda: check_resources(study, ray.cluster_resources(), nodes),
-                  lambda: check_storage(store.uri, nodes, conn.shared_storage, data_files(study)),
+    refused += resource_refusals(study, ray.cluster_resources(), nodes)
+    for check in ((lambda: check_storage(store.uri, nodes, conn.shared_storage, data_files(study)))
+                  if store is not None else (lambda: None),
                   lambda: check_node_plugins(study, nodes)):
         try:
             check()

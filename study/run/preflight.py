@@ -22,32 +22,44 @@ def is_loopback(host: str) -> bool:
 
 
 def check_resources(study: Study, cluster: dict[str, float], nodes: list[dict[str, Any]] | None = None) -> None:
-    """Refuse what the cluster cannot give. nodes (Ray's, alive): also refuse workers no node can hold."""
+    """Refuse what the cluster cannot give (the first of resource_refusals)."""
+    refusals = resource_refusals(study, cluster, nodes)
+    if refusals:
+        raise ConfigError(refusals[0])
+
+
+def resource_refusals(study: Study, cluster: dict[str, float], nodes: list[dict[str, Any]] | None = None) -> list[str]:
+    """Every refusal of what the cluster cannot give, in the order a run meets them (a dry run names them all).
+    nodes (Ray's, alive): also what no node can hold."""
     res = study.spec.resources
+    out = []
     if res.gpu > 0 and cluster.get("GPU", 0) <= 0:
-        raise ConfigError(f"{study.source}: resources.gpu={res.gpu} but the cluster has no GPUs; "
-                          "allowed here: resources.gpu: 0 (or join a cluster with GPUs via --address)")
+        out.append(f"{study.source}: resources.gpu={res.gpu} but the cluster has no GPUs; "
+                   "allowed here: resources.gpu: 0 (or join a cluster with GPUs via --address)")
     if res.gpu == 0 and any(c.train.device.startswith("cuda") for c in study.trials):
-        raise ConfigError(f"{study.source}: train.device is 'cuda' but resources.gpu=0, so no trial would get a "
-                          "GPU; set resources.gpu (1, or a fraction such as 0.5 to share one)")
+        out.append(f"{study.source}: train.device is 'cuda' but resources.gpu=0, so no trial would get a "
+                   "GPU; set resources.gpu (1, or a fraction such as 0.5 to share one)")
     if res.gpu > 0 and any(c.train.device == "cpu" for c in study.trials):
-        raise ConfigError(f"{study.source}: resources.gpu={res.gpu} but train.device is 'cpu'; set "
-                          "train.device: cuda")
+        out.append(f"{study.source}: resources.gpu={res.gpu} but train.device is 'cpu'; set train.device: cuda")
     if res.cpu * res.workers > cluster.get("CPU", 0):
         each = f" for each of resources.workers={res.workers}" if res.workers > 1 else ""
-        raise ConfigError(f"{study.source}: resources.cpu={res.cpu}{each} but the cluster has only "
-                          f"{cluster.get('CPU', 0):g} CPUs")
+        out.append(f"{study.source}: resources.cpu={res.cpu}{each} but the cluster has only "
+                   f"{cluster.get('CPU', 0):g} CPUs")
     if res.workers > 1 and res.gpu * res.workers > cluster.get("GPU", 0):
-        raise ConfigError(f"{study.source}: resources.workers={res.workers} with resources.gpu={res.gpu} each, but "
-                          f"the cluster has only {cluster.get('GPU', 0):g} GPUs")
-    if nodes is not None:
-        check_placement(study, nodes)
+        out.append(f"{study.source}: resources.workers={res.workers} with resources.gpu={res.gpu} each, but "
+                   f"the cluster has only {cluster.get('GPU', 0):g} GPUs")
+    if nodes is not None and not out:  # (what one node holds says nothing new once the cluster's total refuses)
+        try:
+            check_placement(study, nodes)
+        except ConfigError as e:
+            out.append(str(e))
     uneven = sorted({c.train.batch_size for c in known_configs(study) if c.train.batch_size % res.workers}
                     if res.workers > 1 else ())
     if uneven:
-        raise ConfigError(f"{study.source}: train.batch_size {uneven[0]} does not split evenly over "
-                          f"resources.workers={res.workers} (it is the global batch: each worker trains on "
-                          f"batch_size / workers rows); use a multiple of {res.workers}")
+        out.append(f"{study.source}: train.batch_size {uneven[0]} does not split evenly over "
+                   f"resources.workers={res.workers} (it is the global batch: each worker trains on "
+                   f"batch_size / workers rows); use a multiple of {res.workers}")
+    return out
 
 
 def check_placement(study: Study, nodes: list[dict[str, Any]]) -> None:
