@@ -9,8 +9,14 @@
 then show no trial's prints); each node's log monitor otherwise scans the cluster's logs every second, about 2% of
 a core (the tests' clusters run without).
 
-Prints the addresses as JSON: {"address": "127.0.0.1:6390", "dashboard": "http://127.0.0.1:8265"}.
-Then: `loopstudy run SPEC --address 127.0.0.1:6390` or `loopstudy submit SPEC --address http://127.0.0.1:8265`.
+Prints the addresses as JSON: {"address": "127.0.0.1:6390", "dashboard": "http://127.0.0.1:8265", "auth": "token",
+"token_path": "/root/.ray/auth_token"}. Then: `loopstudy run SPEC --address 127.0.0.1:6390` or `loopstudy submit SPEC
+--address http://127.0.0.1:8265`.
+
+Every node runs Ray's token authentication (RAY_AUTH_MODE=token): the GCS and the job server refuse a client
+without the cluster's token (Ray's job API runs arbitrary code for whoever reaches it). The token is the file
+RAY_AUTH_TOKEN_PATH names, else ~/.ray/auth_token, made (random, mode 600) when it does not exist; a client on this
+machine finds it there. `--no-auth` (or RAY_AUTH_MODE=disabled in the environment) starts a cluster without.
 
 Why the wrapper around `ray start`: Ray swaps a --node-ip-address of 127.0.0.1 for the machine's outward IP
 (services.resolve_ip_for_localhost). We keep the address as given, so every node and all traffic stay on loopback.
@@ -42,6 +48,32 @@ main()
 """
 
 
+def token_path() -> str:
+    """The cluster's token file: RAY_AUTH_TOKEN_PATH, else Ray's default, ~/.ray/auth_token."""
+    return os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
+
+
+def auth_env(auth: bool) -> dict[str, str]:
+    """The environment of every `ray start`: token authentication with the token file (made when missing), or
+    none."""
+    if not auth:
+        return {"RAY_AUTH_MODE": "disabled"}
+    path = token_path()
+    try:
+        with open(path) as f:
+            present = bool(f.read().strip())
+    except OSError:
+        present = False
+    if not present:
+        import secrets
+
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": path}
+
+
 def ray(args: list[str], env: dict[str, str] | None = None, retries: int = 1) -> None:
     """Run `ray ARGS` through the wrapper; a start on a loaded machine may time out once, so retry."""
     for attempt in range(retries + 1):
@@ -60,18 +92,19 @@ def temp_dir(port: int) -> str:
     return f"/tmp/loopstudy-ray-{port}"
 
 
-def start_head(port: int, dashboard_port: int, log_monitor: bool = True) -> None:
+def start_head(port: int, dashboard_port: int, log_monitor: bool = True, auth: bool = True) -> None:
     # The head's processes (and jobs submitted to it) resolve their own IP as loopback.
     ray(["start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=0",
          f"--temp-dir={temp_dir(port)}",
          "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}",
          f"--include-log-monitor={log_monitor}", "--disable-usage-stats"],
-        env={"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"})
+        env={"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", **auth_env(auth)})
 
 
-def add_worker(port: int, name: str, cpus: int, log_monitor: bool = True) -> None:
+def add_worker(port: int, name: str, cpus: int, log_monitor: bool = True, auth: bool = True) -> None:
     ray(["start", f"--address=127.0.0.1:{port}", "--node-ip-address=127.0.0.1", f"--num-cpus={cpus}",
-         f"--resources={json.dumps({name: 1})}", f"--include-log-monitor={log_monitor}", "--disable-usage-stats"])
+         f"--resources={json.dumps({name: 1})}", f"--include-log-monitor={log_monitor}", "--disable-usage-stats"],
+        env=auth_env(auth))
 
 
 def cluster_pids(port: int) -> list[int]:
@@ -134,16 +167,21 @@ def main() -> None:
     for command in (s, a):
         command.add_argument("--no-log-monitor", dest="log_monitor", action="store_false",
                              help="workers' output stays in the cluster's log files (see above)")
+        command.add_argument("--no-auth", dest="auth", action="store_false",
+                             help="no token authentication (a local demo only: anyone who reaches the ports can run "
+                                  "code); also when RAY_AUTH_MODE=disabled is set")
     st = sub.add_parser("stop", help="stop the cluster on --port (its processes only)")
     st.add_argument("--port", type=int, default=6390)
     args = p.parse_args()
+    auth = getattr(args, "auth", True) and os.environ.get("RAY_AUTH_MODE", "").lower() != "disabled"
     if args.cmd == "start":
-        start_head(args.port, args.dashboard_port, args.log_monitor)
+        start_head(args.port, args.dashboard_port, args.log_monitor, auth)
         for i in range(1, args.workers + 1):
-            add_worker(args.port, f"w{i}", args.cpus_per_worker, args.log_monitor)
-        print(json.dumps({"address": f"127.0.0.1:{args.port}", "dashboard": f"http://127.0.0.1:{args.dashboard_port}"}))
+            add_worker(args.port, f"w{i}", args.cpus_per_worker, args.log_monitor, auth)
+        print(json.dumps({"address": f"127.0.0.1:{args.port}", "dashboard": f"http://127.0.0.1:{args.dashboard_port}",
+                          "auth": "token" if auth else "none", **({"token_path": token_path()} if auth else {})}))
     elif args.cmd == "add-worker":
-        add_worker(args.port, args.name, args.cpus, args.log_monitor)
+        add_worker(args.port, args.name, args.cpus, args.log_monitor, auth)
     else:
         stop(args.port)
 

@@ -12,7 +12,21 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("MPLBACKEND", "Agg")
-os.environ["RAY_AUTH_MODE"] = "disabled"  # local test clusters: no token files to pass around
+# Ray's token authentication on every Ray of the tests, as on every cluster this project ships: one token for the
+# run, in a file of its own (never the user's ~/.ray/auth_token), made by the first process that reads this file
+# (pytest's controller) and inherited by the pytest-xdist workers and everything they start.
+if "LOOPSTUDY_TEST_TOKEN" not in os.environ:
+    import atexit
+    import secrets
+    import shutil
+    import tempfile
+
+    _token_dir = tempfile.mkdtemp(prefix="loopstudy-test-auth-")
+    atexit.register(shutil.rmtree, _token_dir, True)
+    Path(_token_dir, "auth_token").write_text(secrets.token_hex(32))
+    os.environ["LOOPSTUDY_TEST_TOKEN"] = os.environ["RAY_AUTH_TOKEN_PATH"] = str(Path(_token_dir, "auth_token"))
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ.pop("RAY_AUTH_TOKEN", None)  # (it would take precedence over the file)
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # A multi-worker trial's reports wait for Ray Train's controller to collect them, once per poll (2 s by default);
 # the tests' trials report every few steps, so their clusters poll more often

@@ -165,6 +165,37 @@ def test_submit_runs_a_study_as_a_ray_job_on_s3_with_this_machines_endpoint_and_
     assert st.returncode == 0 and "2/2" in st.stdout, st.stdout + st.stderr
 
 
+def test_the_cluster_runs_token_auth_and_refuses_a_client_without_the_token_naming_what_is_missing(ray_cluster,
+                                                                                                     tmp_path):
+    """The tests' cluster runs as cluster/local_cluster.py starts any (every study on it in this suite runs with the
+    token): its job API answers 401 without the token and 200 with it; a client without the token is refused by
+    the job server and by the cluster, in one line that says what is missing."""
+    import urllib.error
+    import urllib.request
+
+    assert ray_cluster["auth"] == "token" and ray_cluster["token_path"] == os.environ["RAY_AUTH_TOKEN_PATH"]
+    url = ray_cluster["dashboard"] + "/api/jobs/"
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(url, timeout=30)
+    assert refused.value.code in (401, 403)
+    token = Path(ray_cluster["token_path"]).read_text().strip()
+    with urllib.request.urlopen(urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"}),
+                                timeout=30) as ok:
+        assert ok.status == 200
+    # a client with no token anywhere Ray looks: no token variables, a home without ~/.ray/auth_token
+    bare = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")}
+    bare["HOME"] = str(tmp_path)
+    submit = loopstudy("submit", "tests/specs/tiny.yaml", "--address", ray_cluster["dashboard"], "--store",
+                       str(tmp_path / "r"), env=bare)
+    assert submit.returncode == 2 and "has none: give it as RAY_AUTH_TOKEN" in submit.stderr, submit.stderr[-3000:]
+    run = loopstudy("run", "tests/specs/tiny.yaml", "--address", ray_cluster["address"], "--store",
+                    str(tmp_path / "r"), "--no-plot", env=bare)
+    last = run.stderr.strip().splitlines()[-1]
+    assert run.returncode == 2 and last.startswith("loopstudy: could not join the Ray cluster at") and \
+        "this machine has none: give it as RAY_AUTH_TOKEN" in last, run.stderr[-3000:]
+    assert "Traceback" not in run.stderr and not (tmp_path / "r" / "trials").exists()
+
+
 def checkpoints_named_by_tune(path: Path) -> dict[str, str]:
     """{trial dir: the checkpoint Tune's saved experiment state names} for its unfinished trials."""
     from ray.tune import ExperimentAnalysis

@@ -8,6 +8,8 @@ import os
 from typing import Any
 from urllib.parse import urlparse
 
+from study.errors import ConfigError
+from study.run.auth import refusal, use_token_if_present
 from study.run.preflight import is_loopback
 from study.store.files import object_store_env
 
@@ -30,6 +32,8 @@ def init_ray(address: str | None, num_cpus: int | None = None, verbose: bool = F
     # tensorboardX imports torch into the driver (which crashed job drivers here with an MKL load error).
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     embedded = is_embedded(address)
+    if not embedded:
+        use_token_if_present()  # before Ray is imported: it reads RAY_AUTH_MODE then
     if embedded or is_loopback(urlparse(f"//{address}").hostname or ""):
         # Ray otherwise swaps 127.0.0.1 for the machine's outward IP and looks for a raylet there; this keeps the
         # driver (and an embedded cluster) on loopback. Read by ray_constants at import, so set before importing.
@@ -46,8 +50,11 @@ def init_ray(address: str | None, num_cpus: int | None = None, verbose: bool = F
         # the trials on the cluster reach the object store with this machine's endpoint and credentials, as a
         # submitted job's do (a job's own driver, at "auto", runs in that job's runtime env already)
         env = object_store_env() if address != "auto" else {}
-        ray.init(address=address, runtime_env={"env_vars": env} if env else None, log_to_driver=verbose,
-                 configure_logging=verbose)
+        try:
+            ray.init(address=address, runtime_env={"env_vars": env} if env else None, log_to_driver=verbose,
+                     configure_logging=verbose)
+        except (ConnectionError, RuntimeError, ray.exceptions.AuthenticationError) as e:
+            raise ConfigError(refusal(f"could not join the Ray cluster at {address}", e)) from None
 
 
 def is_embedded(address: str | None) -> bool:
