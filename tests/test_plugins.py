@@ -167,7 +167,16 @@ def test_a_plugin_study_runs_on_the_cluster_and_every_reader_names_the_plugins_s
     assert trials.height == 3 and (trials["status"] == "complete").all()
     assert set(trials["model.carry.rule"]) == {"momentum"} and set(trials["task.name"]) == {"reverse"}
     assert trials["model.carry.mu"].n_unique() == 3  # Optuna drew the plugin's hyperparameter
-    settings = sorted(f"mu={mu}" for mu in trials["model.carry.mu"])
+    # named in the fewest digits (at least 3) that keep the samples apart; the stored value stays whole
+    from study.run.naming import float_labels
+
+    labels = float_labels(trials["model.carry.mu"].to_list())
+    settings = sorted(f"mu={labels[mu]}" for mu in trials["model.carry.mu"])
+    assert all(len(s) < 12 for s in settings), settings
+    query = loopstudy("query", "SELECT \"model.carry.mu\" AS mu FROM trials ORDER BY mu", "--study",
+                      "momentum_reverse", "--store", str(tmp_path), "--format", "json")
+    assert query.returncode == 0, query.stderr
+    assert [r["mu"] for r in json.loads(query.stdout)] == sorted(trials["model.carry.mu"].to_list())
     for kind in ("depth", "pareto"):
         table = loopstudy("table", kind, "--study", "momentum_reverse", "--store", str(tmp_path), "--format", "csv")
         assert table.returncode == 0, table.stderr

@@ -29,6 +29,26 @@ def test_a_stopped_trial_is_pruned_and_a_finished_one_complete(result, state):
         assert trial.value == 0.9
 
 
+@pytest.mark.parametrize("ending,state", [
+    ({"objective": 0.9, "final": 1, "trial": "t-same"}, optuna.trial.TrialState.COMPLETE),
+    ({"objective": 0.4, "trial": "t-same"}, optuna.trial.TrialState.PRUNED),  # stopped early
+])
+def test_a_sample_that_resolves_to_a_running_trial_is_held_back_and_told_its_result(ending, state):
+    """Two samples of one trial at once: the second is not handed to Tune (the trial runs once) and gets the first
+    one's ending; a sample of another trial runs beside them."""
+    same = StoppedIsPruned(space={"x": tune.choice([1])}, metric="objective", mode="max", seed=0,
+                           resolve=lambda config: f"t-{config['x']}" if config["x"] != 1 else "t-same")
+    assert same.suggest("tune-1") == {"x": 1}
+    assert same.suggest("tune-2") is None  # the same trial is running: Tune asks again later
+    same.on_trial_complete("tune-1", ending)
+    trials = same._ot_study.trials
+    assert [t.state for t in trials] == [state, state]
+    assert all(t.user_attrs["loopstudy_trial_id"] == "t-same" for t in trials)
+    if state == optuna.trial.TrialState.COMPLETE:
+        assert [t.value for t in trials] == [0.9, 0.9]
+    assert same.suggest("tune-3") == {"x": 1}  # the trial has ended: a new sample runs (and reads its rows)
+
+
 def journal(path):
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
@@ -126,3 +146,38 @@ def test_each_spec_sampler_searches_two_objectives_under_a_constraint(name, cls)
         study.tell(trial, [acc, flops])
     assert len(study.trials) == 6 and all(len(t.values) == 2 for t in study.trials)
     assert all(t.params["x"] >= 0.5 for t in study.best_trials)  # the front holds feasible trials only
+
+
+def test_two_samples_of_one_trial_at_the_same_time_train_it_once_and_both_get_its_result(tmp_path):
+    """A space of one point: every sample is the same trial. With two samples at a time, the first trains, the one
+    drawn beside it is held back and told its result; later samples read its stored rows; the search ends saying
+    the space gave one distinct trial."""
+    import json
+    import subprocess
+    import sys
+
+    import polars as pl
+
+    from study.store import Store
+
+    spec = tmp_path / "one.yaml"
+    spec.write_text("name: one\ntask: {name: sudoku, size: 4, n_train: 64, n_test: 8}\n"
+                    "model: {hidden: 16, heads: 2, n_layers: 1, H: 1, L: 1}\n"
+                    "train: {steps: 30, batch_size: 16, warmup: 2, log_every: 10}\neval: {depths: [2]}\n"
+                    "sweep:\n  optuna:\n    metric: final_cell_acc\n    mode: max\n    num_samples: 2\n"
+                    "    space: {model.L: {type: choice, values: [1]}}\n  max_concurrent: 2\nresources: {cpu: 1}\n")
+    proc = subprocess.run([sys.executable, "-m", "study.cli", "run", str(spec), "--store", str(tmp_path / "r"),
+                           "--num-cpus", "2", "--no-plot"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "gave 1 distinct trial(s)" in proc.stderr, proc.stderr[-3000:]
+    rows = pl.from_arrow(Store(tmp_path / "r").read("trials", "one"))
+    assert rows.height == 1 and rows["status"].to_list() == ["complete"]
+    trained = []
+    for result in (tmp_path / "r" / "_tune" / "one").glob("*/result.json"):
+        last = json.loads(result.read_text().splitlines()[-1])
+        trained += [] if last.get("skipped") else [last["trial"]]
+    assert trained == [rows["trial_id"][0]]  # one Tune trial trained it; the others read its rows
+    samples = optuna.load_study(study_name="one", storage=journal(tmp_path / "r" / "_optuna" / "one.journal")).trials
+    assert len(samples) >= 2 and {t.state.name for t in samples} == {"COMPLETE"}
+    assert {t.value for t in samples} == {rows["final_cell_acc"][0]}
+    assert {t.user_attrs["loopstudy_trial_id"] for t in samples} == {rows["trial_id"][0]}

@@ -32,7 +32,7 @@ ADDED_LATER: dict[tuple[str, str], Any] = {
     ("model", "puzzle_prefix"): 0, ("model", "q_head"): False, ("model", "init_from"): None,
     ("model", "inner_grad_steps"): None, ("train", "optimizer"): "adamw", ("train", "weight_decay_on"): "matrices",
     ("train", "act"): "off", ("train", "halt_exploration"): 0.1, ("task", "identifiers"): None,
-    ("model", "halting.rule"): "residual", ("eval", "halting_rule"): None,
+    ("model", "halting.rule"): "residual", ("eval", "halting_rule"): None, ("eval", "dtype"): None,
 }
 # The Q head's halting settings, read only by the q_head rule: out of the identity of a trial that does not use it.
 Q_HALTING = ("q_compare", "max_updates")

@@ -114,7 +114,7 @@ ALWAYS_READ = frozenset({
                              "ema", "loss", "device", "dtype", "threads", "log_every", "checkpoint_every",
                              "keep_checkpoints", "progressive", "optimizer", "weight_decay_on", "act")),
     *(f"eval.{k}" for k in ("depths", "H", "halting", "n_test", "batch_size", "stability", "perturb_update",
-                            "compile", "readout")),
+                            "compile", "readout", "dtype")),
     *(f"task.{k}" for k in COMMON_FIELDS), "seed", "label",
 })
 

@@ -28,6 +28,7 @@ from study.evaluate.rollout import (
     infiloop_axes,
     rollout_batch,
 )
+from study.models.precision import autocast
 from study.models.reasoner import Reasoner, build_reasoner
 from study.rows import DepthRow, DynamicsRow, PerturbationRow
 from study.tasks import TASKS, Split, accuracies
@@ -94,16 +95,16 @@ def evaluate(model: Reasoner, task: Task, cfg: EvalConfig, device: str = "cpu",
 
     on_progress(done, total) is called after every step, counting steps over all batches (a rollout to 24,960
     layers is minutes on a CPU: callers turn this into progress reports). dtype 'bf16' runs the rollouts under
-    bfloat16 autocast, as training did. parallel (several workers, study.trial.data_parallel): this worker rolls
-    out every world-th batch, and rank 0 gathers the others' and returns the result one worker would (the same
-    batches, merged in order; only wall seconds differ); the other workers return None.
+    bfloat16 autocast (the trial's eval.dtype, by default its train.dtype). parallel (several workers,
+    study.trial.data_parallel): this worker rolls out every world-th batch, and rank 0 gathers the others' and
+    returns the result one worker would (the same batches, merged in order; only wall seconds differ); the other
+    workers return None.
     """
     model = evaluated_model(model, task, cfg, device)
     flops = RolloutFlops(model)  # counted on the eager model: the flop counter does not trace a compiled step
     if cfg.compile:
         model = compiled(model, device)
-    amp = torch.autocast("cuda" if device.startswith("cuda") else "cpu", dtype=torch.bfloat16,
-                         enabled=dtype == "bf16")
+    amp = autocast(device, dtype)
     plan = make_plan(model, cfg, task.spec.pad)
     data = task.test if cfg.n_test is None else task.test.take(slice(0, cfg.n_test))
     batches = batch_slices(data, cfg.batch_size, task.spec.pad)

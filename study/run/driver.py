@@ -110,20 +110,31 @@ def optuna_study(study: Study, root: str, verbose: bool = False) -> OptunaStudy:
                    settled=lambda params: settled_sample(study, Store(root), params))
 
 
+class SampleTrial:
+    """A sample's loopstudy trial id from Tune's config of it ({"searched": {dotted key: value}}), built the one
+    way a trial builds its config (None: a config that does not build). Picklable: Tune saves the searcher."""
+
+    def __init__(self, study: Study):
+        self.name, self.base = study.name, {**study.spec.base(), "seed": study.spec.sweep.seeds[0]}
+
+    def __call__(self, config: dict[str, Any]) -> str | None:
+        from study.run.trainable import trial_config
+
+        try:
+            return trial_id(trial_config({"study": self.name, "trial": self.base,
+                                          "searched": config.get("searched", {})}))
+        except ConfigError:
+            return None
+
+
 def settled_sample(study: Study, store: Store, params: dict[str, Any]) -> tuple[str, list[float]] | None:
     """(trial id, objective values) of an Optuna sample whose trial is complete in the store, else None: a sample
     left RUNNING by a driver that stopped after its trial finished, before Tune told the searcher."""
-    from study.run.trainable import stored_metrics, trial_config
+    from study.run.trainable import stored_metrics
 
-    # the config the trial was given, built the one way a trial builds it (Tune hands OptunaSearch the picks under
-    # the config key "searched")
-    tune_config = {"study": study.name, "trial": {**study.spec.base(), "seed": study.spec.sweep.seeds[0]},
-                   "searched": {key.removeprefix("searched/"): value for key, value in params.items()}}
-    try:
-        tid = trial_id(trial_config(tune_config))
-    except ConfigError:
-        return None
-    if not store.is_complete(study.name, tid):
+    # (Optuna holds the picks as OptunaSearch names them: "searched/<dotted key>")
+    tid = SampleTrial(study)({"searched": {key.removeprefix("searched/"): value for key, value in params.items()}})
+    if tid is None or not store.is_complete(study.name, tid):
         return None
     metrics = stored_metrics(store, study.name, tid)
     values = [metrics.get(m) for m in study.spec.sweep.optuna.metrics]

@@ -2,9 +2,16 @@
 early-stopped trials: a trial that the scheduler (ASHA) ended before its final report is PRUNED in the Optuna
 study, with its last reported value, not COMPLETE with a training accuracy passed off as the study's metric.
 The spec's sampler (TPE, NSGA-II or GP, one objective or several) and its constraints, each told to Optuna with
-`Trial.set_constraint` before the trial's values, so its samplers prefer the trials that meet them."""
+`Trial.set_constraint` before the trial's values, so its samplers prefer the trials that meet them.
+
+Two samples that resolve to one loopstudy trial while it runs (a sampler that draws the same choice twice) run it
+once: the second is held back, not handed to Tune, and told the first one's result when it ends (a sample drawn
+after the trial finished reads its stored rows instead: study.run.trainable)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 from ray.tune.search.optuna import OptunaSearch
 
@@ -14,7 +21,7 @@ from study.spec.schema import Limit, OptunaSpec
 
 class StoppedIsPruned(OptunaSearch):
     def __init__(self, *args, storage=None, study_name: str = "optuna", constraints: dict[str, Limit] | None = None,
-                 **kwargs):
+                 resolve: Callable[[dict[str, Any]], str | None] | None = None, **kwargs):
         import optuna
 
         # our own handle on the storage (an in-memory one when none is given), to read trials back publicly
@@ -23,6 +30,19 @@ class StoppedIsPruned(OptunaSearch):
         self.optuna_storage, self.optuna_study_name = storage, study_name
         self._storage_ids: dict[int, int] = {}  # Optuna trial number -> its id in the storage, looked up once
         self.constraints = constraints or {}
+        self.resolve = resolve  # a suggested config -> the loopstudy trial it runs as
+        self._running: dict[str, str] = {}  # Tune trial id -> loopstudy trial id, for the trials handed to Tune
+        self._twins: dict[str, list] = {}  # loopstudy trial id -> Optuna trials held back while it runs
+
+    def suggest(self, trial_id: str):
+        config = super().suggest(trial_id)
+        tid = self.resolve(config) if self.resolve is not None and isinstance(config, dict) else None
+        if tid is not None and tid in self._running.values():  # the same trial runs now: hold this sample back
+            self._twins.setdefault(tid, []).append(self._ot_trials.pop(trial_id))  # (ray 2.60's private map)
+            return None  # Tune asks again later
+        if tid is not None:
+            self._running[trial_id] = tid
+        return config
 
     def _finished(self, trial_id: str) -> bool:
         """Whether the Optuna trial behind a Tune trial has finished in the storage already: a resumed driver's
@@ -44,19 +64,40 @@ class StoppedIsPruned(OptunaSearch):
             super().on_trial_result(trial_id, result)
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        twins = self._twins.pop(self._running.pop(trial_id, ""), [])
         if self._finished(trial_id):  # recorded already: telling it again would fail the driver
             self._ot_trials.pop(trial_id, None)  # (ray 2.60's private map, as above)
             return
         ot_trial = self._ot_trials.get(trial_id)
-        if result is not None and result.get("trial") and ot_trial is not None:  # the row it left in the store
-            ot_trial.set_user_attr(TRIAL_ID_ATTR, result["trial"])
+        ran_as = (result or {}).get("trial")  # the row it left in the store
         if result is not None and not error and not result.get("final"):
             result = None  # OptunaSearch tells a trial without a value as PRUNED
-        if result is not None and ot_trial is not None:
+        for sample in [ot_trial, *twins]:
+            if sample is not None:
+                self._annotate(sample, ran_as, result)
+        super().on_trial_complete(trial_id, result, error)
+        for twin in twins:  # the samples held back get what this one got, as OptunaSearch tells it
+            self._tell_like(twin, result, error)
+
+    def _annotate(self, ot_trial, ran_as: str | None, result: dict | None) -> None:
+        """The trial id a sample ran as (its rows' trial_id) and its constraints, before its values are told."""
+        if ran_as:
+            ot_trial.set_user_attr(TRIAL_ID_ATTR, ran_as)
+        if result is not None:
             for metric, limit in self.constraints.items():
                 if result.get(metric) is not None:
                     ot_trial.set_constraint(metric, limit.violation(float(result[metric])))
-        super().on_trial_complete(trial_id, result, error)
+
+    def _tell_like(self, ot_trial, result: dict | None, error: bool) -> None:
+        """Tell a held-back sample what OptunaSearch.on_trial_complete tells for `result`."""
+        from optuna.trial import TrialState
+
+        metrics = self.metric if isinstance(self.metric, list) else [self.metric]
+        values = [result.get(m) for m in metrics] if result else [None]
+        if None in values:
+            self._ot_study.tell(ot_trial, state=TrialState.FAIL if error else TrialState.PRUNED)
+        else:
+            self._ot_study.tell(ot_trial, values if len(values) > 1 else values[0])
 
 
 def sampler(name: str, seed: int):
@@ -67,7 +108,8 @@ def sampler(name: str, seed: int):
             "gp": optuna.samplers.GPSampler}[name](seed=seed)
 
 
-def searcher(ot: OptunaStudy, seed: int, spec: OptunaSpec) -> StoppedIsPruned:
+def searcher(ot: OptunaStudy, seed: int, spec: OptunaSpec,
+             resolve: Callable[[dict[str, Any]], str | None] | None = None) -> StoppedIsPruned:
     """Tune's searcher over the search's Optuna study (Tune pickles it, storage and all, for resume). One objective:
     Tune's `objective` (its TuneConfig sets it); several: the searcher holds the metrics and their modes. The
     sampler's seed is the spec's plus the samples the study holds already: a search continued after an interruption
@@ -75,4 +117,4 @@ def searcher(ot: OptunaStudy, seed: int, spec: OptunaSpec) -> StoppedIsPruned:
     objectives = {"metric": spec.metrics, "mode": spec.modes} if spec.multi else {}
     return StoppedIsPruned(storage=open_storage(ot.location), study_name=ot.name,
                            sampler=sampler(spec.sampler, seed + ot.sampled),
-                           constraints=spec.constraints, **objectives)
+                           constraints=spec.constraints, resolve=resolve, **objectives)

@@ -87,9 +87,10 @@ def build_tuner(study: Study, root: str, work: list[WorkItem], threads: int, sea
     mode = sweep.optuna.modes[0] if sweep.optuna else "max"
     search_alg, num_samples, scheduler = None, 1, None
     if search is not None:
+        from study.run.driver import SampleTrial
         from study.run.search import searcher
 
-        search_alg = searcher(search, sweep.seeds[0], sweep.optuna)
+        search_alg = searcher(search, sweep.seeds[0], sweep.optuna, resolve=SampleTrial(study))
         num_samples = sweep.optuna.num_samples - search.finished
     if sweep.asha is not None and not evaluate:
         from ray.tune.schedulers import ASHAScheduler

@@ -24,6 +24,7 @@ import torch
 
 from study.config import TrainConfig
 from study.errors import TrainingError
+from study.models import precision
 from study.models.reasoner import LoopState, Reasoner
 from study.paths import atomic_target
 from study.rows import TrainLog
@@ -68,8 +69,7 @@ def seed_everything(seed: int) -> None:
 
 
 def autocast(cfg: TrainConfig):
-    device_type = "cuda" if cfg.device.startswith("cuda") else "cpu"
-    return torch.autocast(device_type, dtype=torch.bfloat16, enabled=cfg.dtype == "bf16")
+    return precision.autocast(cfg.device, cfg.dtype)
 
 
 class Trainer:
