@@ -110,27 +110,10 @@ def optuna_study(study: Study, root: str, verbose: bool = False) -> OptunaStudy:
                    settled=lambda params: settled_sample(study, Store(root), params))
 
 
-class SampleTrial:
-    """A sample's loopstudy trial id from Tune's config of it ({"searched": {dotted key: value}}), built the one
-    way a trial builds its config (None: a config that does not build). Picklable: Tune saves the searcher."""
-
-    def __init__(self, study: Study):
-        self.name, self.base = study.name, {**study.spec.base(), "seed": study.spec.sweep.seeds[0]}
-
-    def __call__(self, config: dict[str, Any]) -> str | None:
-        from study.run.trainable import trial_config
-
-        try:
-            return trial_id(trial_config({"study": self.name, "trial": self.base,
-                                          "searched": config.get("searched", {})}))
-        except ConfigError:
-            return None
-
-
 def settled_sample(study: Study, store: Store, params: dict[str, Any]) -> tuple[str, list[float]] | None:
     """(trial id, objective values) of an Optuna sample whose trial is complete in the store, else None: a sample
     left RUNNING by a driver that stopped after its trial finished, before Tune told the searcher."""
-    from study.run.trainable import stored_metrics
+    from study.run.trainable import SampleTrial, stored_metrics
 
     # (Optuna holds the picks as OptunaSearch names them: "searched/<dotted key>")
     tid = SampleTrial(study)({"searched": {key.removeprefix("searched/"): value for key, value in params.items()}})
@@ -298,7 +281,8 @@ def resume_study(name: str, *, storage: str, address: str | None = None, verbose
     An Optuna search continues from its Optuna study instead (study.run.optuna_storage): Tune's saved searcher can
     be older than the storage (a sample that finished after Tune's last save would be told twice, and one running
     at the time left RUNNING), while the storage knows every sample; the ones the dead driver left running are
-    marked interrupted and sampled anew. Every path gets the same start-up and preflight as `run`."""
+    marked interrupted and their parameters enqueued again, so each continues from its checkpoint
+    (study.run.carried). Every path gets the same start-up and preflight as `run`."""
     from study.spec import load_saved_study
 
     root = resolve_root(storage)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from study.config import TrialConfig, build_trial, set_dotted, trial_id
+from study.errors import ConfigError
 from study.metrics import METRICS, depth_report, summary_metrics
 from study.run.carried import carried_checkpoint
 from study.run.restore import CKPT_FILE, RestoreFromExistingCheckpoint
@@ -110,6 +111,21 @@ def trial_work(config: dict[str, Any]) -> tuple[TrialConfig, WorkItem]:
 def trial_config(config: dict[str, Any]) -> TrialConfig:
     """The trial's resolved config from Tune's (see trial_work)."""
     return trial_work(config)[0]
+
+
+class SampleTrial:
+    """A sample's loopstudy trial id from Tune's config of it ({"searched": {dotted key: value}}), built the one
+    way a trial builds its config (None: a config that does not build). Picklable: Tune saves the searcher."""
+
+    def __init__(self, study):
+        self.name, self.base = study.name, {**study.spec.base(), "seed": study.spec.sweep.seeds[0]}
+
+    def __call__(self, config: dict[str, Any]) -> str | None:
+        try:
+            return trial_id(trial_config({"study": self.name, "trial": self.base,
+                                          "searched": config.get("searched", {})}))
+        except ConfigError:
+            return None
 
 
 def stored_metrics(store: Store, study: str, tid: str) -> dict[str, float]:

@@ -87,8 +87,8 @@ def build_tuner(study: Study, root: str, work: list[WorkItem], threads: int, sea
     mode = sweep.optuna.modes[0] if sweep.optuna else "max"
     search_alg, num_samples, scheduler = None, 1, None
     if search is not None:
-        from study.run.driver import SampleTrial
         from study.run.search import searcher
+        from study.run.trainable import SampleTrial
 
         search_alg = searcher(search, sweep.seeds[0], sweep.optuna, resolve=SampleTrial(study))
         num_samples = sweep.optuna.num_samples - search.finished
