@@ -110,7 +110,7 @@ def training_rate(dtype: str, batch: int, rounds: int = 3) -> dict:
     task = load_task(task_cfg)
     torch.manual_seed(0)
     model = build_reasoner(ModelConfig(**keys), task.spec)
-    cfg = TrainConfig(steps=rounds + 1, batch_size=batch, n_sup=1, dtype=dtype, warmup=1, ema=0.0)
+    cfg = TrainConfig(steps=rounds + 10, batch_size=batch, n_sup=1, dtype=dtype, warmup=1, ema=0.0)
     trainer = Trainer(model, task, cfg, seed=0)
     trainer.train_batch()  # warm-up
     with FlopCounterMode(display=False) as counter:

@@ -1,7 +1,7 @@
 """Run the CPU benchmarks once, at the sizes below, and write docs/benchmarks.md from that one run: the
 commit, the machine, each benchmark's command, what it measured and its target. Each figure is a ratio of things
 measured side by side in the same process (or a time against a stated target); nothing is carried over from an
-earlier run. About 8 minutes on 2 cores.
+earlier run. About 17 minutes on 2 cores.
 
     python bench/run_all.py                 # run them, rewrite the page
     python bench/run_all.py --only depth    # one of them (the page is rewritten with only it)
@@ -36,11 +36,12 @@ NOTES = """## Not in this run
 ## The GPU path
 
 GPU settings are configuration (`train.device: cuda`, `train.dtype: bf16`, `resources.gpu: 0.5` to share a GPU
-between two trials, `eval.compile: true` for a compiled rollout, CUDA graphs on a GPU); the evaluation runs under
-bf16 autocast when training did. `python bench/gpu_check.py` measures all of it on one GPU in one go (the
-paper-size rollout to 24,960 layers with achieved TFLOP/s against the card's bf16 peak, bf16 training steps, a
-two-trial `loopstudy run` at half a GPU each, the rollout with and without `eval.compile`) and ends with a JSON
-line; `--cpu-smoke` runs the same script at tiny size on CPU, in the test suite. No GPU has run it yet.
+between two trials, `eval.compile: true` for a compiled rollout, CUDA graphs on a GPU); a reading runs in
+`eval.dtype` (default: `train.dtype`), bf16 as TRM's forward runs (a bf16 copy of the model). `python
+bench/gpu_check.py` measures all of it on one GPU in one go (the paper-size rollout to 24,960 layers with achieved
+TFLOP/s against the card's bf16 peak, bf16 training steps, a two-trial `loopstudy run` at half a GPU each, the
+rollout with and without `eval.compile`) and ends with a JSON line; `--cpu-smoke` runs the same script at tiny size
+on CPU, in the test suite. No GPU has run it yet.
 """
 
 
@@ -89,6 +90,16 @@ BENCHES = [
           "figure of a 12-trial study from Parquet", "<= 1.5x; figures < 10 s",
           lambda r: f"{x(r['ratio'])} ({r['table_s']:.2f} s vs {r['baseline_s']:.2f} s); figures "
                     f"**{r['figures_s']:.1f} s** ({r['figures']} files)"),
+    Bench("precision", ["bench/precision.py"],
+          "bf16 against fp32 on this CPU: a reading of the published TRM-Att size from a `trm:` checkpoint (1,008 "
+          "layers, 64 puzzles, eval.batch_size 64; the stored row's FLOPs over its rollout_s) and a training step "
+          "(batch 32), each as a share of its precision's matmul rate measured in the same run",
+          "bf16 reading >= 60%; bf16 training >= 45%",
+          lambda r: f"reading bf16 **{100 * r['reading']['bf16']['of_matmul']:.0f}%** of "
+                    f"{r['matmul_gflops']['bf16']:.0f} GFLOP/s (fp32 {100 * r['reading']['fp32']['of_matmul']:.0f}% "
+                    f"of {r['matmul_gflops']['fp32']:.0f}); training bf16 "
+                    f"**{100 * r['training']['bf16']['of_matmul']:.0f}%** (fp32 "
+                    f"{100 * r['training']['fp32']['of_matmul']:.0f}%)"),
     Bench("sudoku_gen", ["bench/sudoku_gen.py"], "generate 1,000 9x9 sudokus with 54 blanks, unique, one process",
           "< 120 s", lambda r: f"**{r['seconds']:.1f} s**"),
     Bench("study_scale", ["bench/study_scale.py", "--sizes", "100", "300", "--store-trials", "2000", "--optuna", "0",

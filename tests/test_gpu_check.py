@@ -5,6 +5,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from .conftest import REPO
 
 
@@ -59,3 +61,30 @@ def test_a_reading_takes_its_own_precision_and_a_cpu_without_bf16_units_is_named
     assert has_bf16_units("flags : fpu sse avx512f avx512_bf16 amx_tile") and has_bf16_units("flags: amx_bf16")
     assert not has_bf16_units("flags : fpu sse avx2 avx512f avx512_vnni")
     assert cpu_has_bf16_units() in (True, False, None)
+
+
+@pytest.mark.parametrize("rule", ["carry_last", "infiloop", "full_attnres", "damped"])
+def test_a_bf16_reading_to_24960_layers_stays_finite_with_the_carry_accumulators_in_float32(rule):
+    """A bf16 reading runs a bf16 copy of the model (TRM's forward dtype); the carry rules, their parameters and
+    InfiLoop's running sums stay in float32, and the state stays finite to the papers' deepest reading."""
+    import torch
+
+    from study.config import CarryConfig, HaltingConfig, ModelConfig
+    from study.models.precision import reading_model
+    from study.models.reasoner import build_reasoner
+    from study.tasks.base import TaskSpec
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(hidden=8, heads=1, n_layers=1, H=1, L=51, conv=False, expansion=2,
+                      carry=CarryConfig(rule=rule, placement="outer"), halting=HaltingConfig(patience=2, gamma=0.9))
+    model = reading_model(build_reasoner(cfg, TaskSpec("sudoku", 6, 4, (2, 2))).eval(), "cpu", "bf16")
+    assert model.tok.weight.dtype == torch.bfloat16
+    assert all(p.dtype == torch.float32 for p in model.carry_outer.parameters())
+    steps = 24_960 // cfg.layers_per_step  # the papers' deepest reading
+    assert steps * cfg.layers_per_step == 24_960
+    state = model.rollout(torch.randint(1, 6, (1, 4)), steps)
+    if rule == "infiloop":
+        assert state.outer.h.dtype == torch.float32 and state.outer.aux["log_d"].dtype == torch.float32
+    logits = model.logits(state)
+    assert logits.dtype == torch.bfloat16 and bool(torch.isfinite(logits.float()).all())
+    assert bool(torch.isfinite(state.outer.h.float()).all()) and bool(torch.isfinite(state.inner.h.float()).all())

@@ -28,7 +28,7 @@ from study.evaluate.rollout import (
     infiloop_axes,
     rollout_batch,
 )
-from study.models.precision import autocast
+from study.models.precision import reading_model
 from study.models.reasoner import Reasoner, build_reasoner
 from study.rows import DepthRow, DynamicsRow, PerturbationRow
 from study.tasks import TASKS, Split, accuracies
@@ -94,17 +94,16 @@ def evaluate(model: Reasoner, task: Task, cfg: EvalConfig, device: str = "cpu",
     """Predictions at every target depth from one rollout per batch, plus the diagnostics.
 
     on_progress(done, total) is called after every step, counting steps over all batches (a rollout to 24,960
-    layers is minutes on a CPU: callers turn this into progress reports). dtype 'bf16' runs the rollouts under
-    bfloat16 autocast (the trial's eval.dtype, by default its train.dtype). parallel (several workers,
-    study.trial.data_parallel): this worker rolls out every world-th batch, and rank 0 gathers the others' and
-    returns the result one worker would (the same batches, merged in order; only wall seconds differ); the other
-    workers return None.
+    layers is minutes on a CPU: callers turn this into progress reports). dtype 'bf16' runs the rollouts in bf16
+    as TRM runs its forward (study.models.precision; the trial's eval.dtype, by default its train.dtype).
+    parallel (several workers, study.trial.data_parallel): this worker rolls out every world-th batch, and rank 0
+    gathers the others' and returns the result one worker would (the same batches, merged in order; only wall
+    seconds differ); the other workers return None.
     """
-    model = evaluated_model(model, task, cfg, device)
+    model = reading_model(evaluated_model(model, task, cfg, device), device, dtype)
     flops = RolloutFlops(model)  # counted on the eager model: the flop counter does not trace a compiled step
     if cfg.compile:
         model = compiled(model, device)
-    amp = autocast(device, dtype)
     plan = make_plan(model, cfg, task.spec.pad)
     data = task.test if cfg.n_test is None else task.test.take(slice(0, cfg.n_test))
     batches = batch_slices(data, cfg.batch_size, task.spec.pad)
@@ -115,9 +114,8 @@ def evaluate(model: Reasoner, task: Task, cfg: EvalConfig, device: str = "cpu",
         def progress(step: int, i: int = i) -> None:
             on_progress(i * plan.total_steps + step, len(mine) * plan.total_steps)
 
-        with amp:
-            got.append(rollout_batch(model, data.take(batches[b]), plan if b == 0 else later, device,
-                                     progress if on_progress is not None else None, flops))
+        got.append(rollout_batch(model, data.take(batches[b]), plan if b == 0 else later, device,
+                                 progress if on_progress is not None else None, flops))
     if parallel is not None:
         shares = parallel.gather(got)  # batch 0 (its snapshot holds tensors) is rank 0's own
         if shares is None:
@@ -131,8 +129,7 @@ def evaluate(model: Reasoner, task: Task, cfg: EvalConfig, device: str = "cpu",
     dynamics = dynamics_rows(traj, plan.axes or ["none"], cfg)
     perturbation = []
     if got[0].snapshot is not None:
-        with amp:
-            perturbation = perturbation_rows(model, *got[0].snapshot, cfg)
+        perturbation = perturbation_rows(model, *got[0].snapshot, cfg)
     return EvalResult(depth_rows, dynamics, perturbation)
 
 

@@ -190,6 +190,7 @@ class ResidualScaling(nn.Module):
     """
 
     no_weight_decay = True  # read by Reasoner.param_groups
+    keeps_float32 = True  # a bf16 reading keeps them in float32 (study.models.precision)
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -220,6 +221,8 @@ class Block(nn.Module):
         self.scaling = ResidualScaling(cfg) if cfg.residual_scaling else None
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
+        # in the weights' dtype: a bf16 reading's carry rules hand back float32 accumulators (a no-op otherwise)
+        h = h.to(next(self.parameters()).dtype)
         if self.scaling is not None:
             a1, b1, _, _ = self.scaling.coefficients()
             a1, b1 = a1.to(h.dtype), b1.to(h.dtype)

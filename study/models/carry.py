@@ -130,6 +130,7 @@ class CarryRule(nn.Module, metaclass=abc.ABCMeta):
     """A carry rule (see the module docstring for the contract)."""
 
     no_weight_decay = False  # True: none of the rule's parameters decay (Reasoner.param_groups)
+    keeps_float32 = True  # a bf16 reading keeps the rule's few parameters in float32 (study.models.precision)
     name = ""  # the name it is registered under (make_carry sets it)
 
     def __init__(self, d: int, cfg: CarryConfig):
@@ -195,10 +196,12 @@ class FullAttnRes(CarryRule):
         self.q = nn.Parameter(torch.ones(d))
 
     def start(self, h0: torch.Tensor) -> CarryState:
+        h0 = h0 if h0.dtype in FLOATS else h0.float()  # (its candidates are kept at >= float32, as InfiLoop's sums)
         return CarryState(h0, {"cands": h0.new_zeros(*h0.shape[:-1], 0, h0.shape[-1])})
 
     def step(self, state: CarryState, z: torch.Tensor, eta: torch.Tensor | None = None, *,
              in_place: bool = False) -> CarryState:
+        z = z if z.dtype in FLOATS else z.float()
         cands = torch.cat([state.aux["cands"], z.unsqueeze(-2)], dim=-2)  # (B, S, t, d)
         query = self.q * rms_norm(z) / math.sqrt(z.shape[-1])
         scores = torch.einsum("...td,...d->...t", rms_norm(cands), query).clamp(max=self.clip)

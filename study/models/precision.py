@@ -1,4 +1,9 @@
-"""A run's precision (train.dtype, eval.dtype): fp32, or bf16 autocast, on a GPU or on the CPU.
+"""A run's precision (train.dtype, eval.dtype): fp32 or bf16, on a GPU or on the CPU.
+
+Training in bf16 runs under autocast (float32 master weights, bf16 matmuls). A bf16 reading runs as TRM runs its
+forward (`forward_dtype: bfloat16`): a copy of the model in bf16 (`reading_model`), its states between layers in bf16,
+the norms, RoPE and the Q head's logits in float32 (the model's own casts), and the carry rules and FPRM's residual
+scalars in float32 (modules with `keeps_float32`), InfiLoop's accumulators with them.
 
 bf16 pays on a CPU with bf16 matrix units (AMX, AVX512-BF16: a bf16 matmul several times fp32's rate); without them
 PyTorch emulates bf16 and a bf16 run is slower than fp32. Such a CPU is said once per process, in one line, when a
@@ -6,6 +11,7 @@ bf16 run starts there (`autocast`), never a silent slowdown."""
 
 from __future__ import annotations
 
+import copy
 import functools
 from pathlib import Path
 
@@ -37,9 +43,27 @@ def _say_slow_bf16() -> None:
            "than fp32 (bench/precision.py measures both); use train.dtype / eval.dtype fp32 on this machine")
 
 
-def autocast(device: str, dtype: str):
-    """The context a run's forward passes run in: bf16 autocast for dtype 'bf16', else a no-op."""
-    on_gpu = device.startswith("cuda")
-    if dtype == "bf16" and not on_gpu and cpu_has_bf16_units() is False:
+def _check(device: str, dtype: str) -> None:
+    if dtype == "bf16" and not device.startswith("cuda") and cpu_has_bf16_units() is False:
         _say_slow_bf16()
-    return torch.autocast("cuda" if on_gpu else "cpu", dtype=torch.bfloat16, enabled=dtype == "bf16")
+
+
+def autocast(device: str, dtype: str):
+    """The context training's forward passes run in: bf16 autocast for dtype 'bf16', else a no-op."""
+    _check(device, dtype)
+    return torch.autocast("cuda" if device.startswith("cuda") else "cpu", dtype=torch.bfloat16,
+                          enabled=dtype == "bf16")
+
+
+def reading_model(model: torch.nn.Module, device: str, dtype: str) -> torch.nn.Module:
+    """The model a reading runs: itself for fp32; for bf16 a copy in bf16 whose `keeps_float32` modules stay in
+    float32 (see the module docstring)."""
+    _check(device, dtype)
+    if dtype != "bf16":
+        return model
+    copied = copy.deepcopy(model).to(torch.bfloat16)
+    for module in copied.modules():
+        if getattr(module, "keeps_float32", False):
+            module.float()
+    return copied
+
