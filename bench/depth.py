@@ -43,6 +43,7 @@ def build(args, rule: str):
     import torch
 
     from study.models import CarryConfig, ModelConfig, build_reasoner
+    from study.models.precision import reading_model
     from study.tasks import TaskSpec
     from study.trial.heap import keep_freed_memory
 
@@ -55,8 +56,8 @@ def build(args, rule: str):
     grid = (args.grid, args.grid)
     model = build_reasoner(cfg, TaskSpec("sudoku", args.grid + 2, args.grid**2, grid)).to(device).eval()
     tokens = torch.randint(0, args.grid + 2, (args.batch, args.grid**2), device=device)
-    amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.dtype == "bf16")
-    return cfg, model, tokens, amp
+    model = reading_model(model, args.device, args.dtype)  # bf16: as a reading runs it (study.models.precision)
+    return cfg, model, tokens
 
 
 def sync(device) -> None:
@@ -70,7 +71,7 @@ def run_one(args) -> dict:
     """Roll out one rule to the deepest depth (alone in this process): memory and state readings."""
     import torch
 
-    cfg, model, tokens, amp = build(args, args.one)
+    cfg, model, tokens = build(args, args.one)
     device = tokens.device
     depths = args.attnres_depths if args.one == "full_attnres" else args.depths
     targets = {cfg.steps_for_depth(d): d for d in depths}
@@ -90,8 +91,7 @@ def run_one(args) -> dict:
                              "state_bytes": state_bytes(state), "memory_bytes": mem,
                              "finite": bool(torch.isfinite(state.outer.h).all())})
 
-    with amp:
-        model.rollout(tokens, max(targets), on_step=on_step)
+    model.rollout(tokens, max(targets), on_step=on_step)
     out = {"rule": args.one, "readings": readings}
     if device.type == "cuda":
         out["peak_memory_bytes"] = torch.cuda.max_memory_allocated()
@@ -118,23 +118,21 @@ def side_by_side(args) -> tuple[dict, float]:
     round_ratios = []
     with torch.no_grad():
         states, inputs = {}, {}
-        for rule, (_, model, tokens, amp) in runs.items():
-            with amp:
-                inputs[rule] = model.embed(tokens)
-                states[rule] = model.init_state(inputs[rule])
-                model.step(model.step(states[rule], inputs[rule]), inputs[rule])  # warm-up, not timed or kept
+        for rule, (_, model, tokens) in runs.items():
+            inputs[rule] = model.embed(tokens)
+            states[rule] = model.init_state(inputs[rule])
+            model.step(model.step(states[rule], inputs[rule]), inputs[rule])  # warm-up, not timed or kept
         done, chunk_i = 0, 0
         while done < targets[-1]:
             n = min(args.chunk, next(t for t in targets if t > done) - done)
             order = PAIR if chunk_i % 2 == 0 else PAIR[::-1]
             took = {}
             for rule in order:
-                _, model, _, amp = runs[rule]
+                _, model, _ = runs[rule]
                 sync(device)
                 t0 = time.perf_counter()
-                with amp:
-                    for _ in range(n):
-                        states[rule] = model.step(states[rule], inputs[rule])
+                for _ in range(n):
+                    states[rule] = model.step(states[rule], inputs[rule])
                 sync(device)
                 took[rule] = time.perf_counter() - t0
                 seconds[rule] += took[rule]

@@ -25,6 +25,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--n-test", type=int, default=128)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="the readings' precision (eval.dtype)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -39,11 +40,11 @@ def main() -> None:
     for i in range(args.repeats):
         for name, ds in (("five_readings", depths), ("deepest_only", depths[-1:])):
             t0 = time.perf_counter()
-            evaluate(model, task, EvalConfig(depths=ds, batch_size=args.n_test))
+            evaluate(model, task, EvalConfig(depths=ds, batch_size=args.n_test), dtype=args.dtype)
             times[name].append(time.perf_counter() - t0)
             print(f"round {i} {name:14s} {times[name][-1]:.2f}s", file=sys.stderr)
     best = {k: min(v) for k, v in times.items()}
-    print(json.dumps({"bench": "eval_readings", "depths": depths, "seconds": best,
+    print(json.dumps({"bench": "eval_readings", "dtype": args.dtype, "depths": depths, "seconds": best,
                       "ratio": best["five_readings"] / best["deepest_only"]}))
 
 

@@ -36,9 +36,11 @@ def bare_loop(model, cfg: TrainConfig):
     shadow = [p.detach().clone() for p in params]
 
     def step(tokens: torch.Tensor, labels: torch.Tensor) -> float:
-        x = model.embed(tokens)
-        state = model.update(x, model.init_state(x))
-        loss = F.cross_entropy(model.logits(state).float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.dtype == "bf16"):
+            x = model.embed(tokens)
+            state = model.update(x, model.init_state(x))
+            logits = model.logits(state)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
@@ -50,9 +52,9 @@ def bare_loop(model, cfg: TrainConfig):
     return step
 
 
-def matmul_rate(hidden: int, rows: int, repeats: int = 20) -> float:
-    """FLOP/s of this CPU on a (rows x hidden) @ (hidden x hidden) matmul, best of `repeats`."""
-    a, b = torch.randn(rows, hidden), torch.randn(hidden, hidden)
+def matmul_rate(hidden: int, rows: int, dtype: torch.dtype = torch.float32, repeats: int = 20) -> float:
+    """FLOP/s of this CPU on a (rows x hidden) @ (hidden x hidden) matmul in `dtype`, best of `repeats`."""
+    a, b = torch.randn(rows, hidden).to(dtype), torch.randn(hidden, hidden).to(dtype)
     best = float("inf")
     for _ in range(repeats):
         t = time.perf_counter()
@@ -69,12 +71,13 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10, help="steps per round")
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="train.dtype (bf16: autocast, both sides)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as cache:
         task = load_task(TaskConfig(name="sudoku", size=4, blanks=(8, 10), n_train=512, n_test=1, cache_dir=cache))
     mcfg = ModelConfig(hidden=args.hidden, heads=args.heads, n_layers=2, H=2, L=2)
-    tcfg = TrainConfig(steps=10**6, batch_size=args.batch, n_sup=1, warmup=1, log_every=10**6)
+    tcfg = TrainConfig(steps=10**6, batch_size=args.batch, n_sup=1, warmup=1, log_every=10**6, dtype=args.dtype)
     torch.manual_seed(0)
     ours = Trainer(build_reasoner(mcfg, task.spec), task, tcfg, seed=0)
     torch.manual_seed(0)
@@ -98,7 +101,8 @@ def main() -> None:
         for tokens, labels in feed:
             bare(tokens, labels)
         best["bare"] = min(best["bare"], (time.perf_counter() - t) / args.steps)
-    rate = matmul_rate(args.hidden, args.batch * task.spec.seq_len)
+    rate = matmul_rate(args.hidden, args.batch * task.spec.seq_len,
+                       torch.bfloat16 if args.dtype == "bf16" else torch.float32)
     achieved = step_flops / best["loopstudy"]
     print(json.dumps({"bench": "train_step", "config": {**vars(args), "model": dataclasses.asdict(mcfg)["kind"]},
                       "step_s": best, "ratio": best["loopstudy"] / best["bare"], "target_ratio": 1.05,

@@ -84,6 +84,7 @@ def test_a_sample_left_running_whose_trial_completed_is_told_complete_with_its_s
     stored = {finished_run.params["x"]: ("t-done", [0.75])}
     again = prepare(loc, "hpo", "v1", ["max"], settled=lambda params: stored.get(params["x"]))
     assert again.finished == 1 and again.sampled == 2
+    assert again.continued == (cut_short.params,)  # its trial looks for the checkpoint it left; no other does
     trials = {t.number: t for t in optuna.load_study(study_name="hpo", storage=journal(loc)).trials}
     assert trials[finished_run.number].state.name == "COMPLETE" and trials[finished_run.number].value == 0.75
     assert trials[finished_run.number].user_attrs == {"loopstudy_trial_id": "t-done"}

@@ -4,7 +4,8 @@ The Optuna study gets the interrupted sample's parameters again (study.run.optun
 so the next Tune trial of the search runs the same trial; Tune knows nothing of the earlier Tune trial's
 checkpoints, so that trial looks for them itself: the newest checkpoint, holding a trainer state, that a trial of
 the same experiment with the same searched parameters left (`carried_checkpoint`). It then continues from it as a
-grid trial continues from its own on resume.
+grid trial continues from its own on resume. Only the trials of interrupted samples look (the driver hands their
+picks to every trial as `continues`): the others start fresh without reading the experiment's folders.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from study.config import trial_id
 from study.console import eprint
 from study.errors import ConfigError
 from study.paths import is_uri, resolve_root
-from study.run.optuna_storage import OptunaStudy, prepare
+from study.run.optuna_storage import SEARCHED, OptunaStudy, prepare
 from study.run.plan import pending_work, plan_readings, plan_work, reads_line
 from study.run.preflight import preflight_study
 from study.run.services import check_trackers
@@ -115,8 +115,7 @@ def settled_sample(study: Study, store: Store, params: dict[str, Any]) -> tuple[
     left RUNNING by a driver that stopped after its trial finished, before Tune told the searcher."""
     from study.run.trainable import SampleTrial, stored_metrics
 
-    # (Optuna holds the picks as OptunaSearch names them: "searched/<dotted key>")
-    tid = SampleTrial(study)({"searched": {key.removeprefix("searched/"): value for key, value in params.items()}})
+    tid = SampleTrial(study)({"searched": {key.removeprefix(SEARCHED): value for key, value in params.items()}})
     if tid is None or not store.is_complete(study.name, tid):
         return None
     metrics = stored_metrics(store, study.name, tid)

@@ -23,6 +23,7 @@ FINISHED = ("COMPLETE", "PRUNED", "FAIL")
 TRIAL_ID_ATTR = "loopstudy_trial_id"  # the trial a sample ran as (its rows' trial_id), set when it ends
 INTERRUPTED = "interrupted"  # a sample its driver's death cut short: FAIL, not counted towards num_samples
 CONTINUES = "continues"  # an enqueued sample's attribute: the number of the interrupted sample it continues
+SEARCHED = "searched/"  # how OptunaSearch names a pick: Tune's config key of the picks, then the dotted key
 DRIVERS = {"postgresql": "psycopg2-binary", "mysql": "PyMySQL (and a mysql+pymysql:// URL)", "oracle": "oracledb",
            "mssql": "pyodbc"}  # what `pip install` gives an RDB URL's default driver
 CONNECT_TIMEOUT_S = 10  # a database server that does not answer in this long is not there
@@ -73,6 +74,9 @@ class OptunaStudy:
     name: str
     finished: int
     sampled: int = 0
+    # the picks of every sample a driver's interruption cut short ({dotted key: value}): a trial of one of them
+    # looks for the checkpoint an earlier Tune trial of it left (study.run.carried); no other trial needs to
+    continued: tuple[dict[str, Any], ...] = ()
 
 
 def search_name(existing: dict, study: str, spec_hash: str) -> str:
@@ -118,7 +122,9 @@ def prepare(location: str, study: str, spec_hash: str, modes: list[str],
         ot.enqueue_trial(t.params, user_attrs={CONTINUES: t.number})
     trials = ot.get_trials(deepcopy=False)
     asked = [t for t in trials if t.state != TrialState.WAITING]  # (an enqueued sample is not drawn by the sampler)
-    return OptunaStudy(location, name, len(finished_samples(trials)), len(asked))
+    continued = tuple({k.removeprefix(SEARCHED): v for k, v in t.params.items()} for t in trials
+                      if t.user_attrs.get(INTERRUPTED))
+    return OptunaStudy(location, name, len(finished_samples(trials)), len(asked), continued)
 
 
 def finished_samples(trials) -> set[str]:

@@ -169,8 +169,9 @@ def run_work(config: dict[str, Any], *, api=None, parallel=None) -> None:
                            writes=rank == 0)
 
     def tune_session(tid: str, steps: int) -> TuneSession:
-        searched = config.get("searched")
-        carried = (lambda: carried_checkpoint(config["store"], study_name, searched)) if searched else None
+        searched = config.get("searched")  # a sample an interruption cut short continues from its checkpoint
+        carried = ((lambda: carried_checkpoint(config["store"], study_name, searched))
+                   if searched and searched in config.get("continues", []) else None)
         return TuneSession(tid, node, steps, config.get("objectives", []), api=api or tune, rank=rank, world=world,
                            carried=carried)
 

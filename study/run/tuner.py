@@ -21,9 +21,11 @@ from study.trial.work import WorkItem
 LOW_DISK_BYTES = 64 << 20  # below this, an error reading back Tune's state files is the disk being full
 
 
-def param_space(study: Study, root: str, work: list[WorkItem], threads: int) -> dict[str, Any]:
-    """Tune's param space: what every trial gets, plus the pending work (grid) or the Optuna space on the base.
-    Built again by resume_study: Tune's saved state does not keep the param space."""
+def param_space(study: Study, root: str, work: list[WorkItem], threads: int,
+                search: OptunaStudy | None = None) -> dict[str, Any]:
+    """Tune's param space: what every trial gets, plus the pending work (grid) or the Optuna space on the base
+    (and the picks of the samples an interruption cut short, whose trials continue: study.run.carried). Built again
+    by resume_study: Tune's saved state does not keep the param space."""
     from ray import tune
 
     spec, sweep = study.spec, study.spec.sweep
@@ -39,7 +41,8 @@ def param_space(study: Study, root: str, work: list[WorkItem], threads: int) -> 
                           "loguniform": lambda p=p: tune.loguniform(p.low, p.high),
                           "int": lambda p=p: tune.randint(int(p.low), int(p.high) + 1),
                           "choice": lambda p=p: tune.choice(p.values)}[p.type]()
-        return {**common, "trial": {**spec.base(), "seed": sweep.seeds[0]}, "searched": space}
+        return {**common, "trial": {**spec.base(), "seed": sweep.seeds[0]}, "searched": space,
+                "continues": list(search.continued) if search is not None else []}
     # Configs go into the grid as JSON text: Tune deep-copies the whole param space for every variant, and a string
     # copies for free where a nested dict is walked: dicts cost O(N^2) (51 s of driver time before the first of 400
     # trials started). Handing configs over by id through tune.with_parameters was no better: each trial then
@@ -112,7 +115,7 @@ def build_tuner(study: Study, root: str, work: list[WorkItem], threads: int, sea
         names = {"trial_name_creator": params.name, "trial_dirname_creator": params.dirname}
     tuner = tune.Tuner(
         tune.with_resources(trial_function(study), trial_resources(study)),
-        param_space=param_space(study, root, work, threads),
+        param_space=param_space(study, root, work, threads, search),
         # several objectives: the searcher holds them, and Tune's own metric and mode stay unset, as Tune asks
         tune_config=tune.TuneConfig(**({} if search is not None and sweep.optuna.multi else
                                        {"metric": "objective", "mode": mode}),
