@@ -64,10 +64,9 @@ def rollout_check(size: dict, device: str, threads: int) -> dict:
     args = SimpleNamespace(device=device, dtype=size["dtype"], hidden=size["hidden"], heads=size["heads"],
                            grid=size["grid"], batch=size["batch"], threads=threads, depths=size["depths"], chunk=10)
     timed, median_ratio = depth.side_by_side(args)
-    cfg, model, tokens, amp = depth.build(args, "carry_last")
-    with amp:
-        x = model.embed(tokens)
-        flops = step_flops(model, model.init_state(x), x)
+    cfg, model, tokens = depth.build(args, "carry_last")  # (in its reading's precision: study.models.precision)
+    x = model.embed(tokens)
+    flops = step_flops(model, model.init_state(x), x)
     deep = max(size["depths"])
     out = {"flops_per_step": flops, "layers_per_step": cfg.layers_per_step}
     for rule, readings in timed.items():
