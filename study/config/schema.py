@@ -302,7 +302,7 @@ class EvalConfig:
     compile: bool | None = None  # torch.compile the rollout step (CUDA graphs on a GPU); None/False: eager
     # what a depth reading scores: the current step's prediction (last) or the most confident so far (max_conf)
     readout: Literal["last", "max_conf"] = "last"
-    # the readings' precision: fp32, or bf16 autocast (null: train.dtype's), whatever the weights were trained in
+    # the readings' precision: fp32, or bf16 as TRM's forward runs (null: train.dtype's), whatever the weights were in
     dtype: Literal["fp32", "bf16"] | None = None
 
     def __post_init__(self):

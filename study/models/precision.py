@@ -7,7 +7,7 @@ scalars in float32 (modules with `keeps_float32`), InfiLoop's accumulators with 
 
 bf16 pays on a CPU with bf16 matrix units (AMX, AVX512-BF16: a bf16 matmul several times fp32's rate); without them
 PyTorch emulates bf16 and a bf16 run is slower than fp32. Such a CPU is said once per process, in one line, when a
-bf16 run starts there (`autocast`), never a silent slowdown."""
+bf16 run starts there (`autocast`, `reading_model`), never a silent slowdown."""
 
 from __future__ import annotations
 
