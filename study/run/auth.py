@@ -54,10 +54,11 @@ def refusal(what: str, error: BaseException) -> str:
     if os.environ.get(MODE, "").lower() == "disabled":
         return (f"{what}: {said} (RAY_AUTH_MODE=disabled here; a cluster with Ray's token authentication, the "
                 f"default of the clusters loopstudy ships, refuses such a client: unset it and {HOW})")
+    if source is None and auth_said:
+        return f"{what}: it asks for Ray's auth token, and this machine has none: {HOW}"
     if source is None:
-        cause = "it asks for Ray's auth token" if auth_said else \
-            "nothing answers there, or it asks for Ray's auth token"
-        return f"{what}: {cause}, and this machine has none: {HOW}"
+        return (f"{what}: {said} (nothing answers there, or it asks for Ray's auth token and this machine has none: "
+                f"{HOW})")
     if auth_said:
         return f"{what} refused the Ray auth token from {source}: it is not this cluster's token; {HOW}"
     return f"{what}: {said} (nothing answers there, or it refused the Ray auth token from {source})"
