@@ -520,7 +520,9 @@ def test_the_q_heads_halting_enters_the_depth_rows_and_the_halting_table(sudoku_
     deepest = q.filter(pl.col("depth_layers") == 600).row(0, named=True)
     # the Q head (bias -5 at most: it says continue) halts every sample by 16 updates of 6 layers at the latest
     assert deepest["halted_frac"] == 1.0 and 0 < deepest["eff_layers"] <= 16 * 6
-    assert deepest["flops"] < q.filter(pl.col("depth_layers") == 60)["flops"][0] * 10  # halted: no more layers paid
+    at_60 = q.filter(pl.col("depth_layers") == 60).row(0, named=True)
+    assert at_60["halted_frac"] == 1.0  # halted by 60 layers: 540 layers later, not one more layer or FLOP paid
+    assert (deepest["eff_layers"], deepest["flops"]) == (at_60["eff_layers"], at_60["flops"])
     capsys.readouterr()
     assert main(["table", "halting", "--store", store, "--study", "q"]) == 0
     out = capsys.readouterr().out

@@ -35,7 +35,7 @@ ADDED_LATER: dict[tuple[str, str], Any] = {
     ("model", "halting.rule"): "residual", ("eval", "halting_rule"): None, ("eval", "dtype"): None,
 }
 # The Q head's halting settings, read only by the q_head rule: out of the identity of a trial that does not use it.
-Q_HALTING = ("q_compare", "max_updates")
+Q_HALTING_KEYS = ("q_compare", "max_updates")
 
 
 def _pop_unchanged(section: dict[str, Any], name: str, before: Any) -> None:
@@ -111,7 +111,7 @@ def trial_id(cfg: TrialConfig, leave_out: tuple[str, ...] = ()) -> str:
     if checkpoint:  # an imported checkpoint enters by content, as data files do
         d["model"]["init_from"] = "trm:sha256:" + file_digest(checkpoint_file(checkpoint))
     if "q_head" not in (cfg.model.halting.rule, cfg.eval.halting_rule):
-        for name in Q_HALTING:
+        for name in Q_HALTING_KEYS:
             d["model"]["halting"].pop(name, None)
     for (section, name), before in ADDED_LATER.items():
         _pop_unchanged(d[section], name, before)

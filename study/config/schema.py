@@ -368,6 +368,11 @@ class TrialConfig:
             raise ValueError(f"eval.n_test={self.eval.n_test} is not allowed; the task has task.n_test="
                              f"{self.task.n_test} test samples")
 
+    @property
+    def reading_dtype(self) -> str:
+        """The precision the trial's readings run in: eval.dtype, else train.dtype."""
+        return self.eval.dtype or self.train.dtype
+
     def check_act(self) -> None:
         """train.act's needs: a Q head to halt with, and a state every sample can carry at its own step."""
         act = self.train.act

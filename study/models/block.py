@@ -219,10 +219,12 @@ class Block(nn.Module):
             self.sublayers.append(Mixer(cfg, grid, seq_len))
             self.sublayers.append(SwiGLU(cfg))
         self.scaling = ResidualScaling(cfg) if cfg.residual_scaling else None
+        # a weight whose dtype is the block's (held in a list, not registered twice; .to() converts it in place)
+        self._dtype_of = [next(self.sublayers.parameters())]
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         # in the weights' dtype: a bf16 reading's carry rules hand back float32 accumulators (a no-op otherwise)
-        h = h.to(next(self.parameters()).dtype)
+        h = h.to(self._dtype_of[0].dtype)
         if self.scaling is not None:
             a1, b1, _, _ = self.scaling.coefficients()
             a1, b1 = a1.to(h.dtype), b1.to(h.dtype)

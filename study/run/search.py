@@ -65,19 +65,20 @@ class StoppedIsPruned(OptunaSearch):
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         twins = self._twins.pop(self._running.pop(trial_id, ""), [])
-        if self._finished(trial_id):  # recorded already: telling it again would fail the driver
-            self._ot_trials.pop(trial_id, None)  # (ray 2.60's private map, as above)
-            return
-        ot_trial = self._ot_trials.get(trial_id)
+        told = self._finished(trial_id)  # recorded already: telling it again would fail the driver
+        ot_trial = self._ot_trials.pop(trial_id, None) if told else self._ot_trials.get(trial_id)
         ran_as = (result or {}).get("trial")  # the row it left in the store
         if result is not None and not error and not result.get("final"):
             result = None  # OptunaSearch tells a trial without a value as PRUNED
-        for sample in [ot_trial, *twins]:
+        for sample in [None if told else ot_trial, *twins]:
             if sample is not None:
                 self._annotate(sample, ran_as, result)
-        super().on_trial_complete(trial_id, result, error)
-        for twin in twins:  # the samples held back get what this one got, as OptunaSearch tells it
-            self._tell_like(twin, result, error)
+        if not told:
+            super().on_trial_complete(trial_id, result, error)
+        for i, twin in enumerate(twins):  # the samples held back are told what this one was, as OptunaSearch tells
+            twin_id = f"{trial_id}/twin{i}"
+            self._ot_trials[twin_id] = twin  # (ray 2.60's private map, as above)
+            super().on_trial_complete(twin_id, result, error)
 
     def _annotate(self, ot_trial, ran_as: str | None, result: dict | None) -> None:
         """The trial id a sample ran as (its rows' trial_id) and its constraints, before its values are told."""
@@ -87,17 +88,6 @@ class StoppedIsPruned(OptunaSearch):
             for metric, limit in self.constraints.items():
                 if result.get(metric) is not None:
                     ot_trial.set_constraint(metric, limit.violation(float(result[metric])))
-
-    def _tell_like(self, ot_trial, result: dict | None, error: bool) -> None:
-        """Tell a held-back sample what OptunaSearch.on_trial_complete tells for `result`."""
-        from optuna.trial import TrialState
-
-        metrics = self.metric if isinstance(self.metric, list) else [self.metric]
-        values = [result.get(m) for m in metrics] if result else [None]
-        if None in values:
-            self._ot_study.tell(ot_trial, state=TrialState.FAIL if error else TrialState.PRUNED)
-        else:
-            self._ot_study.tell(ot_trial, values if len(values) > 1 else values[0])
 
 
 def sampler(name: str, seed: int):

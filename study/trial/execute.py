@@ -182,7 +182,7 @@ def run_trial(cfg: TrialConfig, *, context: TrialContext = TrialContext(), hooks
     hooks.say("evaluating")
     seed_everything(cfg.seed)
     result = evaluate(evaluated, task, cfg.eval, cfg.train.device, on_progress=hooks.on_eval_progress,
-                      dtype=cfg.eval.dtype or cfg.train.dtype, parallel=parallel)
+                      dtype=cfg.reading_dtype, parallel=parallel)
     final_loss = history[-1].loss if history else None
     metrics = {}
     if result is not None:  # rank 0 (or the only worker)
@@ -223,7 +223,7 @@ def record_reading(reading: Reading, model, task, context: TrialContext, *, weig
     recorder = TrialRecorder(context, cfg, model, tid=reading.tid, weights_of=weights_of)
     seed_everything(cfg.seed)
     result = evaluate(model, task, cfg.eval, cfg.train.device, on_progress=on_eval_progress,
-                      dtype=cfg.eval.dtype or cfg.train.dtype, parallel=parallel)
+                      dtype=cfg.reading_dtype, parallel=parallel)
     if result is None:
         return {}
     metrics = summary_metrics(result.depth, final_loss)
