@@ -66,6 +66,12 @@ BENCHES = [
           lambda r: x(r["infiloop_time_ratio_vs_carry_last"])),
     Bench("depth_b64", ["bench/depth.py", "--time-only", "--depths", "1040", "5200", "--batch", "64"],
           "the same at batch 64", "<= 1.02x", lambda r: x(r["infiloop_time_ratio_vs_carry_last"])),
+    Bench("depth_bf16", ["bench/depth.py", "--time-only", "--depths", "1040", "5200", "--dtype", "bf16"],
+          "the same at batch 8 in a bf16 reading (InfiLoop's sums in float32)", "<= 1.02x",
+          lambda r: x(r["infiloop_time_ratio_vs_carry_last"])),
+    Bench("depth_b64_bf16", ["bench/depth.py", "--time-only", "--depths", "1040", "5200", "--batch", "64", "--dtype",
+                             "bf16"],
+          "the same at batch 64 in bf16", "<= 1.02x", lambda r: x(r["infiloop_time_ratio_vs_carry_last"])),
     Bench("heap", ["bench/heap.py"],
           "a carry_last rollout (batch 64, 1,560 layers) under glibc malloc's adaptive thresholds vs the fixed ones "
           "a trial's process sets (study/trial/heap.py): fresh processes taking turns, median over 5 pairs; page "
@@ -76,12 +82,18 @@ BENCHES = [
           "(hidden 256, batch 64, 1 thread); achieved FLOP/s against this CPU's matmul rate", "<= 1.05x",
           lambda r: f"{x(r['ratio'])}; {r['achieved_flops_per_s'] / 1e9:.1f} GFLOP/s, "
                     f"{100 * r['share_of_matmul_rate']:.0f}% of the matmul rate"),
+    Bench("train_step_bf16", ["bench/train_step.py", "--dtype", "bf16"],
+          "the same in bf16 (autocast, against a bare loop under the same autocast)", "<= 1.05x",
+          lambda r: f"{x(r['ratio'])}; {r['achieved_flops_per_s'] / 1e9:.1f} GFLOP/s, "
+                    f"{100 * r['share_of_matmul_rate']:.0f}% of the bf16 matmul rate"),
     Bench("data_parallel", ["bench/data_parallel.py"],
           "a trial's training on 2 data-parallel workers x 1 thread vs 1 worker x 1 thread, same global batch (64, "
           "hidden 256): samples per second, and the share of a 2-worker step waiting on the gradient exchange",
           ">= 1.7x", lambda r: f"{x(r['speedup'])}; exchange {100 * r['exchange_share']:.1f}% of a step"),
     Bench("eval_readings", ["bench/eval_readings.py"],
           "one rollout read at 5 depths vs a rollout to the deepest alone", "<= 1.05x", lambda r: x(r["ratio"])),
+    Bench("eval_readings_bf16", ["bench/eval_readings.py", "--dtype", "bf16"],
+          "the same in a bf16 reading", "<= 1.05x", lambda r: x(r["ratio"])),
     Bench("orchestration", ["bench/orchestration.py"],
           "Ray Tune: 40 trials x 2 s on embedded Ray with 2 CPUs, wall time over the 40 s minimum", "<= 1.25x",
           lambda r: f"{x(r['overhead_ratio'])} ({r['wall_s']:.1f} s)"),

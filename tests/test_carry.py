@@ -129,6 +129,29 @@ def test_fused_cpu_step_matches_the_eager_ops(dtype, content_score):
             torch.testing.assert_close(got, want, atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("d", [48, 37])  # 37: the rows' tail past the last whole vector of 8
+def test_a_bf16_candidate_beside_float32_states_is_widened_exactly_as_it_is_read(d):
+    """A bf16 reading hands the fused step a bf16 z and float32 states: the result is the float32 step's on the
+    widened z (bf16 -> float32 is exact), the states stay float32, and in place works the same."""
+    g = torch.Generator().manual_seed(2)
+    z = (torch.randn(6, 9, d, generator=g) * 3).bfloat16()
+    h = torch.randn(6, 9, d, generator=g)
+    log_d = torch.empty(6, 9, 1).uniform_(-40, 40, generator=g)
+    log_d[0] = -math.inf
+    q, log_beta = torch.randn(d, generator=g), torch.tensor(math.log(0.7))
+    got = fused_step(h, log_d, z, q, log_beta, 2.0, RMS_EPS)
+    assert got is not None and got[0].dtype == torch.float32
+    want = fused_step(h, log_d, z.float(), q, log_beta, 2.0, RMS_EPS)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+    eager = infiloop_update_eager(h, log_d, z.float(), q, log_beta, 2.0)
+    for a, b in zip(got, eager, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    in_place = fused_step(h.clone(), log_d.clone(), z, q, log_beta, 2.0, RMS_EPS, True)
+    torch.testing.assert_close(in_place[0], got[0], atol=0, rtol=0)
+    assert fused_step(h.double(), log_d.double(), z, q.double(), log_beta.double(), 2.0, RMS_EPS) is None
+
+
 def test_the_fused_step_in_place_writes_the_same_values_over_its_inputs():
     g = torch.Generator().manual_seed(1)
     z, h = torch.randn(4, 5, 32, generator=g), torch.randn(4, 5, 32, generator=g)

@@ -1,5 +1,7 @@
 """Trainer: a small config learns 4x4 sudoku; checkpoint + resume equals training straight through."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -64,6 +66,22 @@ def test_stablemax_is_a_normalised_distribution():
     p = stablemax_log_probs(logits).exp()
     torch.testing.assert_close(p.sum(-1), torch.ones(5, dtype=torch.float64))
     assert bool((p.argmax(-1) == logits.argmax(-1)).all())
+
+
+def test_stablemax_has_a_finite_gradient_at_a_logit_of_exactly_one():
+    """bf16 logits land on 1.0 often: there the unused branch 1 / (1 - x) is infinite, and its gradient must not
+    turn the where's zero into NaN. Values and gradients against s(x) written per element (x + 1 or 1 / (1 - x))."""
+    logits = torch.tensor([[1.0, 0.5, -2.0, 3.0, 0.0]], dtype=torch.float64, requires_grad=True)
+    out = stablemax_log_probs(logits)[0, 0]
+    out.backward()
+    assert torch.isfinite(logits.grad).all()
+    x = logits.detach()[0].tolist()
+    s = [v + 1 if v >= 0 else 1 / (1 - v) for v in x]
+    assert out.item() == pytest.approx(math.log(s[0] / sum(s)), abs=1e-12)
+    # d/dx_j log(s_0 / S) = [j == 0] s'_0 / s_0 - s'_j / S, with s'(x) = 1 for x >= 0, 1 / (1 - x)^2 otherwise
+    ds = [1.0 if v >= 0 else 1 / (1 - v) ** 2 for v in x]
+    want = [(ds[0] / s[0] if j == 0 else 0.0) - ds[j] / sum(s) for j in range(len(x))]
+    assert logits.grad[0].tolist() == pytest.approx(want, abs=1e-12)
 
 
 @pytest.mark.parametrize("metric", ["final_exact_acc", "best_exact_acc", "final_cell_acc", "final_train_loss"])

@@ -75,11 +75,13 @@ def infiloop_update(
     is one fused kernel (infiloop_kernel.py), which in_place writes h_t and log D_t over h_prev and log_d_prev;
     elsewhere the eager ops of `infiloop_update_eager`, always out of place.
     """
-    # The accumulators stay at >= float32 under bf16 (checked, not converted, at float32: this runs every layer,
-    # and even a no-op conversion is a trip through the dispatcher).
-    zf = z if z.dtype in FLOATS else z.float()
-    fused = fused_step(h_prev, log_d_prev, zf, q, log_beta, clip, RMS_EPS, in_place)
-    return fused if fused is not None else infiloop_update_eager(h_prev, log_d_prev, zf, q, log_beta, clip)
+    # The accumulators stay at >= float32 under bf16. The fused step widens a bf16 z as it reads it; the eager
+    # one gets a float32 copy (checked, not converted, at float32: this runs every layer, and even a no-op
+    # conversion is a trip through the dispatcher).
+    fused = fused_step(h_prev, log_d_prev, z, q, log_beta, clip, RMS_EPS, in_place)
+    if fused is not None:
+        return fused
+    return infiloop_update_eager(h_prev, log_d_prev, z if z.dtype in FLOATS else z.float(), q, log_beta, clip)
 
 
 def infiloop_update_eager(
@@ -170,9 +172,10 @@ class InfiLoop(CarryRule):
         return float(self.log_beta.detach().exp())
 
     def start(self, h0: torch.Tensor) -> CarryState:
-        log_d = torch.full_like(h0[..., :1], -math.inf, dtype=torch.float32)
+        h0 = h0 if h0.dtype in FLOATS else h0.float()  # float32 sums under bf16, float64 in a float64 model
+        log_d = torch.full_like(h0[..., :1], -math.inf)
         zeros = torch.zeros_like(log_d)
-        return CarryState(h0.float(), {"log_d": log_d, "gamma": zeros, "score": zeros})
+        return CarryState(h0, {"log_d": log_d, "gamma": zeros, "score": zeros})
 
     def step(self, state: CarryState, z: torch.Tensor, eta: torch.Tensor | None = None, *,
              in_place: bool = False) -> CarryState:

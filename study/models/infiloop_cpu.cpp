@@ -5,7 +5,9 @@
 // accumulator, the weight and the convex update, with the formulas of carry.py's infiloop_update_eager:
 //   s = min(q . z / sqrt(mean(z^2) + eps), clip)      (s = 0 without q)
 //   log D = logaddexp(log D_prev + log beta, s);  gamma = exp(s - log D);  h = h_prev + gamma (z - h_prev)
-// Forward only: carry.py calls it when no gradient is recorded (rollouts and evaluation).
+// Forward only: carry.py calls it when no gradient is recorded (rollouts and evaluation). Under a bf16 reading the
+// candidate z arrives in bf16 and the state in float32: z is widened as it is read (bf16 is float32's top half),
+// which spares a whole widened copy of z per layer.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/EmptyTensor.h>
@@ -21,9 +23,9 @@
 
 namespace {
 
-template <typename T>
+template <typename T, typename Z = T>
 struct Rows {
-  const T* z;       // (rows, d) candidates
+  const Z* z;       // (rows, d) candidates, in T or (for float32 states) bf16
   const T* h;       // (rows, d) carried states
   const T* log_d;   // (rows) accumulators
   const T* q;       // (d) pseudo-query, or null: s = 0
@@ -66,6 +68,16 @@ inline float log1p_unit(float t) {
 inline double exp_nonpositive(double x) { return std::exp(x); }
 inline double log1p_unit(double t) { return std::log1p(t); }
 
+// bf16 -> float32 exactly: the 16 bits are float32's top half.
+inline float widen(at::BFloat16 v) {
+  const uint32_t bits = static_cast<uint32_t>(v.x) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+inline float widen(float v) { return v; }
+inline double widen(double v) { return v; }
+
 // q . z and z . z of one row. The float version keeps its partial sums in registers and folds them with shuffles:
 // the compiler's own reduction spills its accumulators to the stack and reads them back lane by lane, which cost
 // more than the sums themselves at d = 64.
@@ -96,6 +108,31 @@ inline void row_sums(const float* q, const float* z, int64_t d, float& dot, floa
   }
 }
 
+typedef uint16_t u16x8 __attribute__((vector_size(16)));
+typedef uint32_t u32x8 __attribute__((vector_size(32)));
+
+inline void row_sums(const float* q, const at::BFloat16* z, int64_t d, float& dot, float& sq) {
+  float8 ad = {}, as = {};
+  int64_t i = 0;
+  for (; i + 8 <= d; i += 8) {
+    u16x8 raw;
+    std::memcpy(&raw, z + i, sizeof raw);
+    const u32x8 bits = __builtin_convertvector(raw, u32x8) << 16;  // eight widen()s at once
+    float8 zv, qv;
+    std::memcpy(&zv, &bits, sizeof zv);
+    std::memcpy(&qv, q + i, sizeof qv);
+    ad += qv * zv;
+    as += zv * zv;
+  }
+  dot = fold(ad);
+  sq = fold(as);
+  for (; i < d; ++i) {
+    const float zi = widen(z[i]);
+    dot += q[i] * zi;
+    sq += zi * zi;
+  }
+}
+
 inline void row_sums(const double* q, const double* z, int64_t d, double& dot, double& sq) {
   dot = 0;
   sq = 0;
@@ -105,14 +142,14 @@ inline void row_sums(const double* q, const double* z, int64_t d, double& dot, d
   }
 }
 
-template <typename T>
-void step_block(const Rows<T>& p, int64_t begin, int64_t end) {
+template <typename T, typename Z>
+void step_block(const Rows<T, Z>& p, int64_t begin, int64_t end) {
   const int64_t d = p.d;
   T* score = p.score_out;
   for (int64_t r = begin; r < end; ++r) {  // the content score: two sums over the row
     T s = 0;
     if (p.q != nullptr) {
-      const T* z = p.z + r * d;
+      const Z* z = p.z + r * d;
       T dot, sq;
       row_sums(p.q, z, d, dot, sq);
       s = std::min(dot / std::sqrt(sq / static_cast<T>(d) + p.eps), p.clip);
@@ -132,18 +169,18 @@ void step_block(const Rows<T>& p, int64_t begin, int64_t end) {
   }
   for (int64_t r = begin; r < end; ++r) {  // h = h_prev + gamma (z - h_prev)
     const T g = p.gamma_out[r];
-    const T* z = p.z + r * d;
+    const Z* z = p.z + r * d;
     const T* h = p.h + r * d;
     T* out = p.h_out + r * d;
 #pragma omp simd
-    for (int64_t i = 0; i < d; ++i) out[i] = h[i] + g * (z[i] - h[i]);
+    for (int64_t i = 0; i < d; ++i) out[i] = h[i] + g * (widen(z[i]) - h[i]);
   }
 }
 
 // A few rows at a time, so the update's second read of z comes from L1 rather than from L2.
-template <typename T>
-void step_rows(const Rows<T>& p, int64_t begin, int64_t end) {
-  const int64_t block = std::max<int64_t>(1, 4096 / static_cast<int64_t>(sizeof(T)) / p.d);  // 4 KiB of z
+template <typename T, typename Z>
+void step_rows(const Rows<T, Z>& p, int64_t begin, int64_t end) {
+  const int64_t block = std::max<int64_t>(1, 4096 / static_cast<int64_t>(sizeof(Z)) / p.d);  // 4 KiB of z
   for (int64_t b = begin; b < end; b += block) step_block(p, b, std::min(b + block, end));
 }
 
@@ -151,12 +188,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> infiloop_step(
     const at::Tensor& h_prev, const at::Tensor& log_d_prev, const at::Tensor& z, const std::optional<at::Tensor>& q,
     const at::Tensor& log_beta, double clip, double eps, bool in_place) {
   TORCH_CHECK(z.sizes() == h_prev.sizes(), "infiloop_step: h_prev and z differ in shape");
-  TORCH_CHECK(z.dtype() == h_prev.dtype() && z.dtype() == log_d_prev.dtype(), "infiloop_step: dtypes differ");
+  const bool narrow_z = z.scalar_type() == at::kBFloat16 && h_prev.scalar_type() == at::kFloat;
+  TORCH_CHECK((narrow_z || z.dtype() == h_prev.dtype()) && h_prev.dtype() == log_d_prev.dtype(),
+              "infiloop_step: dtypes differ (z may be bf16 only beside float32 states)");
   const int64_t d = z.size(-1);
   const int64_t rows = z.numel() / d;
   TORCH_CHECK(log_d_prev.numel() == rows, "infiloop_step: log_d_prev must hold one value per token");
-  TORCH_CHECK(log_beta.numel() == 1 && log_beta.dtype() == z.dtype(), "infiloop_step: log_beta must be one value");
-  TORCH_CHECK(!q.has_value() || (q->dtype() == z.dtype() && q->numel() == d), "infiloop_step: q must be d values");
+  TORCH_CHECK(log_beta.numel() == 1 && log_beta.dtype() == h_prev.dtype(), "infiloop_step: log_beta must be one value");
+  TORCH_CHECK(!q.has_value() || (q->dtype() == h_prev.dtype() && q->numel() == d), "infiloop_step: q must be d values");
   const at::Tensor zc = z.contiguous(), hc = h_prev.contiguous(), lc = log_d_prev.contiguous();
   TORCH_CHECK(!in_place || !hc.is_same(zc), "infiloop_step: in place, h_prev must not be z");
   const at::Tensor qc = q.has_value() ? q->contiguous() : at::Tensor();
@@ -164,7 +203,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> infiloop_step(
   // as the step's arithmetic at batch 8. at::detail::empty_cpu is ATen's own CPU allocation path, outside its
   // stable API: torch is pinned (pyproject) and the built library is keyed by torch's version.
   const auto shape = lc.sizes();
-  const auto dtype = zc.scalar_type();
+  const auto dtype = hc.scalar_type();
   // In place, h and log D overwrite the (contiguous copies of the) previous ones: each row is read before it is
   // written. At batch 64 the fresh h cost more than the arithmetic, its lines fetched from memory only to be
   // overwritten.
@@ -172,12 +211,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> infiloop_step(
   at::Tensor log_d = in_place ? lc : at::Tensor(at::detail::empty_cpu(shape, dtype, false, std::nullopt));
   at::Tensor gamma = at::detail::empty_cpu(shape, dtype, false, std::nullopt);
   at::Tensor score = at::detail::empty_cpu(shape, dtype, false, std::nullopt);
-  AT_DISPATCH_FLOATING_TYPES(dtype, "infiloop_step", [&] {
-    const Rows<scalar_t> p{zc.const_data_ptr<scalar_t>(), hc.const_data_ptr<scalar_t>(),
-                           lc.const_data_ptr<scalar_t>(), qc.defined() ? qc.const_data_ptr<scalar_t>() : nullptr,
-                           *log_beta.const_data_ptr<scalar_t>(), static_cast<scalar_t>(clip),
-                           static_cast<scalar_t>(eps), d, h.data_ptr<scalar_t>(), log_d.data_ptr<scalar_t>(),
-                           gamma.data_ptr<scalar_t>(), score.data_ptr<scalar_t>()};
+  const auto run = [&](const auto& p) {
     // Threads only past ~32k elements: below that, waking them costs more than the work (and a direct call runs
     // less code between the model's blocks than parallel_for's inline path).
     const int64_t grain = std::max<int64_t>(1, 32768 / d);
@@ -186,7 +220,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> infiloop_step(
     } else {
       at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) { step_rows(p, begin, end); });
     }
-  });
+  };
+  if (narrow_z) {
+    run(Rows<float, at::BFloat16>{zc.const_data_ptr<at::BFloat16>(), hc.const_data_ptr<float>(),
+                                  lc.const_data_ptr<float>(), qc.defined() ? qc.const_data_ptr<float>() : nullptr,
+                                  *log_beta.const_data_ptr<float>(), static_cast<float>(clip),
+                                  static_cast<float>(eps), d, h.data_ptr<float>(), log_d.data_ptr<float>(),
+                                  gamma.data_ptr<float>(), score.data_ptr<float>()});
+  } else {
+    AT_DISPATCH_FLOATING_TYPES(dtype, "infiloop_step", [&] {
+      run(Rows<scalar_t>{zc.const_data_ptr<scalar_t>(), hc.const_data_ptr<scalar_t>(),
+                         lc.const_data_ptr<scalar_t>(), qc.defined() ? qc.const_data_ptr<scalar_t>() : nullptr,
+                         *log_beta.const_data_ptr<scalar_t>(), static_cast<scalar_t>(clip),
+                         static_cast<scalar_t>(eps), d, h.data_ptr<scalar_t>(), log_d.data_ptr<scalar_t>(),
+                         gamma.data_ptr<scalar_t>(), score.data_ptr<scalar_t>()});
+    });
+  }
   return {h, log_d, gamma, score};
 }
 

@@ -7,7 +7,8 @@ once, in one call. Contract:
   carry.infiloop_update_eager returns (in place: h and log D written over h_prev and log_d_prev), or None where
   it does not apply: a gradient is being recorded (the kernel has no backward), a tensor is
   not on the CPU (on GPUs the eager kernels queue asynchronously, so their launch cost is hidden), or the tensors
-  are not all float32 or all float64.
+  are not all float32 or all float64. One mix is taken: a bf16 candidate z beside float32 states (a bf16
+  reading), widened as it is read.
 - The library is built once per source, torch version and CPU (it is tuned to the CPU it is built on) into
   `$LOOPSTUDY_KERNEL_CACHE` (default `$XDG_CACHE_HOME/loopstudy/kernels`, else `~/.cache/loopstudy/kernels`), in
   about 30 s. Processes starting together (Ray workers) wait on a lock file while one builds, and the library is
@@ -37,6 +38,7 @@ from torch.utils import cpp_extension
 SOURCE = Path(__file__).with_name("infiloop_cpu.cpp")
 _MODULE = "loopstudy_infiloop_cpu"  # the built module's name (its PyInit_ symbol)
 FLOATS = (torch.float32, torch.float64)  # the dtypes the fused step takes (and InfiLoop accumulates in)
+FP32, BF16 = torch.float32, torch.bfloat16
 
 
 def cache_dir() -> Path:
@@ -123,9 +125,9 @@ def fused_step(
     if torch.is_grad_enabled() and (z.requires_grad or h_prev.requires_grad or log_d_prev.requires_grad
                                     or log_beta.requires_grad or (q is not None and q.requires_grad)):
         return None
-    dtype = z.dtype
-    if (not z.is_cpu or dtype not in FLOATS or h_prev.dtype != dtype or log_d_prev.dtype != dtype
-            or log_beta.dtype != dtype or (q is not None and q.dtype != dtype)):
+    dtype = h_prev.dtype
+    if (not z.is_cpu or dtype not in FLOATS or (z.dtype != dtype and not (z.dtype == BF16 and dtype == FP32))
+            or log_d_prev.dtype != dtype or log_beta.dtype != dtype or (q is not None and q.dtype != dtype)):
         return None
     op = kernel()
     return None if op is None else op(h_prev, log_d_prev, z, q, log_beta, clip, eps, in_place)

@@ -12,8 +12,11 @@ Q_WEIGHT = 0.5  # TRM's weight on the Q head's BCE terms (its ACTLossHead)
 
 
 def stablemax_log_probs(logits: torch.Tensor) -> torch.Tensor:
-    """TRM's stablemax: s(x) = x + 1 for x >= 0, 1 / (1 - x) otherwise; log(s / sum s)."""
-    s = torch.where(logits >= 0, logits + 1, 1 / (1 - logits))
+    """TRM's stablemax: s(x) = x + 1 for x >= 0, 1 / (1 - x) otherwise; log(s / sum s).
+
+    The unused branch is computed at a clamped x: at x = 1 exactly, 1 / (1 - x) is inf and its gradient, times the
+    where's zero, NaN. bf16 logits land on 1.0 often (a bf16 training diverged at its second step)."""
+    s = torch.where(logits >= 0, logits + 1, 1 / (1 - logits.clamp(max=0)))
     return torch.log(s / s.sum(-1, keepdim=True))
 
 
