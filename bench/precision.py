@@ -8,6 +8,9 @@ Side by side in one run:
      own FLOPs over its rollout_s (both per sample);
   3. a training step of that model (one supervision step, `Trainer.train_batch`), fp32 and bf16 (train.dtype):
      its FLOPs (torch.utils.flop_counter, forward and backward) over its best time.
+  4. the CPU showcase's size (search_spaces/cpu/trm_factors.yaml: TRM-Att at hidden 64, 4 heads, H2 L2, 4x4
+     Sudoku, batch 64), where elementwise work and casts, not matmuls, fill a layer: a reading to 1,200 layers of 64
+     puzzles and 40 training steps, fp32 and bf16, and bf16's time over fp32's (above 1: bf16 is slower there).
 Each rate is printed beside its precision's matmul rate; targets: a bf16 reading >= 60% of the bf16 matmul rate, a
 bf16 training step >= 45%. The last line printed is JSON.
 
@@ -122,6 +125,36 @@ def training_rate(dtype: str, batch: int, rounds: int = 3) -> dict:
     return {"step_s": best, "gflops": counter.get_total_flops() / best / 1e9}
 
 
+SHOWCASE = {"task": {"name": "sudoku", "size": 4, "blanks": [8, 12], "n_train": 3000, "n_test": 64},
+            "model": {"kind": "nested", "hidden": 64, "heads": 4, "n_layers": 2, "H": 2, "L": 2, "norm": "post",
+                      "conv": False, "pos": "rope", "swiglu_multiple": 256, "init": "trunc_lecun",
+                      "init_states": "fixed", "head_norm": False, "puzzle_prefix": 16, "q_head": True},
+            "train": {"batch_size": 64, "optimizer": "adam_atan2", "lr": 0.003, "warmup": 30, "n_sup": 4,
+                      "act": "no_continue", "loss": "stablemax", "ema": 0.98, "log_every": 10}}
+
+
+def showcase_times(folder: Path, dtype: str, layers: int = 1200, steps: int = 40) -> dict:
+    """The showcase's size through `loopstudy trial`: the stored reading's rollout_s per sample, and the mean of the
+    stored training curve's seconds (one ACT step each, logged every 10th)."""
+    import polars as pl
+
+    from study.store import Store
+
+    trial = folder / f"showcase_{dtype}.yaml"
+    cfg = {**SHOWCASE, "train": {**SHOWCASE["train"], "steps": steps, "dtype": dtype},
+           "eval": {"depths": [layers], "batch_size": 64, "dtype": dtype}}
+    trial.write_text(yaml.safe_dump(cfg))
+    store = folder / f"s_{dtype}"
+    proc = subprocess.run([sys.executable, "-m", "study.cli", "trial", str(trial), "--store", str(store)],
+                          cwd=REPO, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(proc.stderr[-3000:])
+    row = pl.from_arrow(Store(store).read("depth_eval", "adhoc")).filter(
+        pl.col("difficulty").is_null()).row(0, named=True)
+    curve = pl.from_arrow(Store(store).read("train_curve", "adhoc"))
+    return {"reading_s_per_sample": row["rollout_s"], "training_s_per_step": float(curve["seconds"].mean())}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=1008, help="the reading's depth (a multiple of 14)")
@@ -129,6 +162,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64, help="eval.batch_size")
     ap.add_argument("--train-batch", type=int, default=32)
     ap.add_argument("--skip-training", action="store_true")
+    ap.add_argument("--skip-showcase", action="store_true", help="leave out part 4, the showcase's size")
     args = ap.parse_args()
     from study.models.precision import cpu_has_bf16_units
 
@@ -153,6 +187,13 @@ def main() -> None:
             out["training"][dtype] = r
             print(f"training step {dtype}: {r['step_s']:.2f} s, {r['gflops']:.0f} GFLOP/s = {r['of_matmul']:.0%} "
                   f"of the {dtype} matmul rate", flush=True)
+    if not args.skip_showcase:
+        with tempfile.TemporaryDirectory() as tmp:
+            got = {dtype: showcase_times(Path(tmp), dtype) for dtype in ("fp32", "bf16")}
+        out["showcase"] = {**got, "bf16_over_fp32": {k: got["bf16"][k] / got["fp32"][k] for k in got["fp32"]}}
+        ratio = out["showcase"]["bf16_over_fp32"]
+        print(f"showcase size (hidden 64, 4x4): bf16 takes {ratio['reading_s_per_sample']:.2f}x fp32's time to "
+              f"read, {ratio['training_s_per_step']:.2f}x to train", flush=True)
     bf16 = out["reading"]["bf16"]
     out["hours_1000_puzzles_24960_layers_bf16"] = bf16["rollout_s_per_sample"] * 1000 * 24960 / args.layers / 3600
     print(f"1,000 puzzles to 24,960 layers in bf16 here: {out['hours_1000_puzzles_24960_layers_bf16']:.1f} h")

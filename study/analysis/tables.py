@@ -64,20 +64,35 @@ def short(col: str) -> str:
     return col.rsplit(".", 1)[-1]
 
 
-def with_setting(trials: pl.DataFrame, axes: list[str]) -> pl.DataFrame:
-    """Add a `setting` label column from the axes' values."""
+def with_setting(trials: pl.DataFrame, axes: list[str], trained: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Add a `setting` label column from the axes' values.
+
+    A reading of stored weights (`weights_of`) is named by its trained trial's setting plus the eval.* keys it
+    changes: an eval.* value equal to the trained trial's (looked up in `trained`, default `trials`) stays out of
+    the name, as does every eval.* value of a trial that trained its own weights. So `loopstudy evaluate` at other
+    depths or precisions leaves the spec's own settings named as before."""
     if not axes:
         return trials.with_columns(pl.lit("all").alias("setting"))
+    evals = [c for c in axes if c.startswith("eval.")] if "weights_of" in trials.columns else []
+    frame = trials
+    if evals:
+        ref = (trained if trained is not None else trials).select(
+            pl.col("trial_id").alias("weights_of"), *[pl.col(c).cast(pl.String).alias(f"__ref {c}") for c in evals])
+        frame = trials.join(ref, on="weights_of", how="left", maintain_order="left")
     parts = []
     for c in axes:
-        if c != "label":  # a variant's name speaks for itself
-            parts.append(pl.lit(f"{short(c)}="))
         text = pl.col(c).cast(pl.String)
         if trials.schema[c].is_float():  # in the fewest digits that keep the study's values apart
             labels = float_labels(trials[c].drop_nulls().to_list())
-            text = pl.Series([None if v is None else labels[v] for v in trials[c].to_list()], dtype=pl.String)
-        parts += [text.fill_null("-"), pl.lit(" ")]
-    return trials.with_columns(pl.concat_str(parts[:-1]).alias("setting"))
+            text = pl.lit(pl.Series([None if v is None else labels[v] for v in trials[c].to_list()], dtype=pl.String))
+        part = text.fill_null("-") if c == "label" else pl.concat_str(pl.lit(f"{short(c)}="), text.fill_null("-"))
+        if c in evals:  # named only where a reading changes it
+            same = pl.col("weights_of").is_null() | pl.col(c).cast(pl.String).eq_missing(pl.col(f"__ref {c}"))
+            part = pl.when(same).then(pl.lit(None, dtype=pl.String)).otherwise(part)
+        parts.append(part)
+    name = pl.concat_str(parts, separator=" ", ignore_nulls=True)
+    named = frame.with_columns(pl.when(name == "").then(pl.lit("as trained")).otherwise(name).alias("setting"))
+    return named.select(*trials.columns, "setting")
 
 
 def aggregate(lf: pl.LazyFrame, by: list[str], values: list[str]) -> pl.DataFrame:
@@ -159,7 +174,7 @@ def load_context(store: Store, study: str, skip_bad: bool = False, include_stale
                             "(run `loopstudy status` to see what is pending)")
     axes = varying_columns(df)
     ctx = Context(store, study, with_setting(df, axes), axes, skip_bad, include_stale, members,
-                  checkpoints=with_setting(kept, axes))
+                  checkpoints=with_setting(kept, axes, trained=df))
     pooled = ctx.table("depth_eval").select(pl.col("puzzle_pass_at_2").is_not_null().any()).collect().item()
     return dataclasses.replace(ctx, pooled=bool(pooled))
 
