@@ -76,23 +76,27 @@ def checkpoint(folder: Path) -> Path:
     return folder / "step_0"
 
 
+def trial_store(path: Path, config: dict):
+    """`loopstudy trial` of `config` (written to PATH.yaml), its rows in the store at PATH."""
+    from study.store import Store
+
+    path.with_suffix(".yaml").write_text(yaml.safe_dump(config))
+    proc = subprocess.run([sys.executable, "-m", "study.cli", "trial", str(path.with_suffix(".yaml")), "--store",
+                           str(path)], cwd=REPO, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(proc.stderr[-3000:])
+    return Store(path)
+
+
 def reading_rate(ckpt: Path, folder: Path, dtype: str, layers: int, puzzles: int, batch: int) -> dict:
     """One reading through `loopstudy trial`: the stored row's FLOPs per sample over its rollout_s per sample."""
     import polars as pl
 
-    from study.store import Store
-
-    trial = folder / f"read_{dtype}.yaml"
-    trial.write_text(yaml.safe_dump({
+    store = trial_store(folder / f"read_{dtype}", {
         "task": {"name": "sudoku", "size": 9, "n_train": 1, "n_test": puzzles},
         "model": {"init_from": f"trm:{ckpt}"}, "train": {"steps": 0},
-        "eval": {"depths": [layers], "batch_size": batch, "dtype": dtype}}))
-    store = folder / f"r_{dtype}"
-    proc = subprocess.run([sys.executable, "-m", "study.cli", "trial", str(trial), "--store", str(store)],
-                          cwd=REPO, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(proc.stderr[-3000:])
-    row = pl.from_arrow(Store(store).read("depth_eval", "adhoc")).filter(
+        "eval": {"depths": [layers], "batch_size": batch, "dtype": dtype}})
+    row = pl.from_arrow(store.read("depth_eval", "adhoc")).filter(
         pl.col("difficulty").is_null() & (pl.col("depth_layers") == layers)).row(0, named=True)
     return {"exact_acc": row["exact_acc"], "cell_acc": row["cell_acc"], "flops_per_sample": row["flops"],
             "rollout_s_per_sample": row["rollout_s"], "gflops": row["flops"] / row["rollout_s"] / 1e9}
@@ -138,20 +142,11 @@ def showcase_times(folder: Path, dtype: str, layers: int = 1200, steps: int = 40
     stored training curve's seconds (one ACT step each, logged every 10th)."""
     import polars as pl
 
-    from study.store import Store
-
-    trial = folder / f"showcase_{dtype}.yaml"
-    cfg = {**SHOWCASE, "train": {**SHOWCASE["train"], "steps": steps, "dtype": dtype},
-           "eval": {"depths": [layers], "batch_size": 64, "dtype": dtype}}
-    trial.write_text(yaml.safe_dump(cfg))
-    store = folder / f"s_{dtype}"
-    proc = subprocess.run([sys.executable, "-m", "study.cli", "trial", str(trial), "--store", str(store)],
-                          cwd=REPO, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(proc.stderr[-3000:])
-    row = pl.from_arrow(Store(store).read("depth_eval", "adhoc")).filter(
-        pl.col("difficulty").is_null()).row(0, named=True)
-    curve = pl.from_arrow(Store(store).read("train_curve", "adhoc"))
+    store = trial_store(folder / f"showcase_{dtype}", {
+        **SHOWCASE, "train": {**SHOWCASE["train"], "steps": steps, "dtype": dtype},
+        "eval": {"depths": [layers], "batch_size": 64, "dtype": dtype}})
+    row = pl.from_arrow(store.read("depth_eval", "adhoc")).filter(pl.col("difficulty").is_null()).row(0, named=True)
+    curve = pl.from_arrow(store.read("train_curve", "adhoc"))
     return {"reading_s_per_sample": row["rollout_s"], "training_s_per_step": float(curve["seconds"].mean())}
 
 

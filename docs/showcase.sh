@@ -2,7 +2,7 @@
 # The CPU showcase (docs/results.md): eight studies on the embedded Ray, then the tables and figures docs/results.md
 # shows, regenerated from the stored Parquet alone. About three and a half hours on 2 cores (the depth study is 35
 # minutes of it, the overthinking study 40, ARC's 10x10 subset 26, the checkpoint study 3, the published TRM's
-# factors about 60).
+# factors about 50).
 # Interrupted? Run it again: trials complete in storage are skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,13 +25,15 @@ loopstudy plot overthinking --study cpu_overthinking --store "$STORE" --figures 
 loopstudy run search_spaces/cpu/checkpoints.yaml --store "$STORE" --no-plot  # train once, keep checkpoints
 loopstudy evaluate cpu_checkpoints --checkpoints --store "$STORE" --no-plot   # ... read every one, no training
 loopstudy plot checkpoints --study cpu_checkpoints --store "$STORE" --figures docs/figures  # the figure docs/results.md shows
-# The published TRM-Att at CPU scale, each factor reverted alone, learning curves paired by seed (about an hour)
+# The published TRM-Att at CPU scale, each factor reverted alone, learning curves paired by seed (about 45 minutes)
 loopstudy run search_spaces/cpu/trm_factors.yaml --store "$STORE" --no-plot
-loopstudy evaluate cpu_trm_factors --checkpoints "eval.depths=[48]" --store "$STORE" --no-plot
-loopstudy table checkpoints --study cpu_trm_factors --store "$STORE" --format markdown
-loopstudy table depth --study cpu_trm_factors --store "$STORE" --wide --format markdown
 loopstudy table compare --study cpu_trm_factors --store "$STORE" --baseline trm_att --depth 48 --format markdown
+loopstudy evaluate cpu_trm_factors --checkpoints "eval.depths=[48]" --store "$STORE" --no-plot
+loopstudy table checkpoints --study cpu_trm_factors --store "$STORE" --wide --format markdown
+loopstudy table depth --study cpu_trm_factors --store "$STORE" --wide --format markdown
 loopstudy plot checkpoints --study cpu_trm_factors --store "$STORE" --figures docs/figures  # the figure docs/results.md shows
+loopstudy run search_spaces/cpu/trm_factors_added.yaml --store "$STORE" --no-plot  # the other direction (6 minutes)
+loopstudy table compare --study cpu_trm_factors_added --store "$STORE" --baseline trm_like --depth 48 --format markdown
 loopstudy table depth --study cpu_arc_small --store "$STORE" --wide --format markdown  # pass@2 per puzzle
 loopstudy table depth --study cpu_arc_small --store "$STORE" --wide cell_acc --format markdown
 loopstudy plot depth --study cpu_arc_small --store "$STORE" --figures docs/figures  # the figure docs/results.md shows

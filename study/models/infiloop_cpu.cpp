@@ -90,37 +90,31 @@ inline float fold(float8 a) {
   return a[0];
 }
 
-inline void row_sums(const float* q, const float* z, int64_t d, float& dot, float& sq) {
-  float8 ad = {}, as = {};
-  int64_t i = 0;
-  for (; i + 8 <= d; i += 8) {
-    float8 zv, qv;
-    std::memcpy(&zv, z + i, sizeof zv);  // unaligned loads
-    std::memcpy(&qv, q + i, sizeof qv);
-    ad += qv * zv;
-    as += zv * zv;
-  }
-  dot = fold(ad);
-  sq = fold(as);
-  for (; i < d; ++i) {
-    dot += q[i] * z[i];
-    sq += z[i] * z[i];
-  }
-}
-
 typedef uint16_t u16x8 __attribute__((vector_size(16)));
 typedef uint32_t u32x8 __attribute__((vector_size(32)));
 
-inline void row_sums(const float* q, const at::BFloat16* z, int64_t d, float& dot, float& sq) {
+// Eight values of a row as float: unaligned loads; bf16 widened eight at once (each one's bits shifted up by 16).
+inline float8 load8(const float* p) {
+  float8 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+inline float8 load8(const at::BFloat16* p) {
+  u16x8 raw;
+  std::memcpy(&raw, p, sizeof raw);
+  const u32x8 bits = __builtin_convertvector(raw, u32x8) << 16;
+  float8 v;
+  std::memcpy(&v, &bits, sizeof v);
+  return v;
+}
+
+template <typename Z>  // float or at::BFloat16 candidates, float sums
+inline void row_sums(const float* q, const Z* z, int64_t d, float& dot, float& sq) {
   float8 ad = {}, as = {};
   int64_t i = 0;
   for (; i + 8 <= d; i += 8) {
-    u16x8 raw;
-    std::memcpy(&raw, z + i, sizeof raw);
-    const u32x8 bits = __builtin_convertvector(raw, u32x8) << 16;  // eight widen()s at once
-    float8 zv, qv;
-    std::memcpy(&zv, &bits, sizeof zv);
-    std::memcpy(&qv, q + i, sizeof qv);
+    const float8 zv = load8(z + i), qv = load8(q + i);
     ad += qv * zv;
     as += zv * zv;
   }
