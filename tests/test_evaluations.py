@@ -208,7 +208,7 @@ def test_a_study_reads_eval_variants_from_one_training_and_evaluate_reads_checkp
     evaluations = open_results(tmp_path / "r").evaluations("reads")
     assert evaluations.height == 8 and evaluations["trained_trial"].n_unique() == 2
     # a reading is named by what it changes: the spec's own settings keep their names beside `evaluate`'s depths
-    assert set(evaluations["setting"]) == {"max_conf", "last depths=[6, 12]"}
+    assert set(evaluations["setting"]) == {"last", "max_conf", "last depths=[6, 12]"}  # the trained trials first
     assert set(open_results(tmp_path / "r").table("depth", "reads")["setting"]) == {
         "last", "max_conf", "last depths=[6, 12]"}
     page = open_results(tmp_path / "r").report("reads", tmp_path / "fig").read_text()
