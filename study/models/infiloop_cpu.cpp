@@ -215,20 +215,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> infiloop_step(
       at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) { step_rows(p, begin, end); });
     }
   };
+  // The rows of one dtype pair: states, accumulators and outputs in T, candidates in Z.
+  const auto rows_of = [&](auto t, auto z_type) {
+    using T = decltype(t);
+    using Z = decltype(z_type);
+    return Rows<T, Z>{zc.const_data_ptr<Z>(), hc.const_data_ptr<T>(), lc.const_data_ptr<T>(),
+                      qc.defined() ? qc.const_data_ptr<T>() : nullptr, *log_beta.const_data_ptr<T>(),
+                      static_cast<T>(clip), static_cast<T>(eps), d, h.data_ptr<T>(), log_d.data_ptr<T>(),
+                      gamma.data_ptr<T>(), score.data_ptr<T>()};
+  };
   if (narrow_z) {
-    run(Rows<float, at::BFloat16>{zc.const_data_ptr<at::BFloat16>(), hc.const_data_ptr<float>(),
-                                  lc.const_data_ptr<float>(), qc.defined() ? qc.const_data_ptr<float>() : nullptr,
-                                  *log_beta.const_data_ptr<float>(), static_cast<float>(clip),
-                                  static_cast<float>(eps), d, h.data_ptr<float>(), log_d.data_ptr<float>(),
-                                  gamma.data_ptr<float>(), score.data_ptr<float>()});
+    run(rows_of(float{}, at::BFloat16{}));
   } else {
-    AT_DISPATCH_FLOATING_TYPES(dtype, "infiloop_step", [&] {
-      run(Rows<scalar_t>{zc.const_data_ptr<scalar_t>(), hc.const_data_ptr<scalar_t>(),
-                         lc.const_data_ptr<scalar_t>(), qc.defined() ? qc.const_data_ptr<scalar_t>() : nullptr,
-                         *log_beta.const_data_ptr<scalar_t>(), static_cast<scalar_t>(clip),
-                         static_cast<scalar_t>(eps), d, h.data_ptr<scalar_t>(), log_d.data_ptr<scalar_t>(),
-                         gamma.data_ptr<scalar_t>(), score.data_ptr<scalar_t>()});
-    });
+    AT_DISPATCH_FLOATING_TYPES(dtype, "infiloop_step", [&] { run(rows_of(scalar_t{}, scalar_t{})); });
   }
   return {h, log_d, gamma, score};
 }
