@@ -83,6 +83,18 @@ def test_p_values_are_holm_corrected_across_the_settings_compared(ctx):
     assert holm([0.5, None]) == [0.5, None]
 
 
+def test_settings_chosen_alone_form_the_holm_family(ctx):
+    one = compare(ctx, Comparison(BASE, "exact_acc", depth=TEN_X, settings=("rule=infiloop",)))
+    every = compare(ctx, Comparison(BASE, "exact_acc", depth=TEN_X))
+    assert one["setting"].to_list() == ["rule=infiloop"]
+    mine = every.filter(every["setting"] == "rule=infiloop")
+    assert one["p"].item() == pytest.approx(mine["p"].item())
+    assert one["diff"].item() == pytest.approx(mine["diff"].item())
+    assert one["p_holm"].item() == pytest.approx(one["p"].item())  # a family of one: no correction
+    assert mine["p_holm"].item() > mine["p"].item()
+    with pytest.raises(AnalysisError, match="'rule=nope': not a setting of study 'paired'; its settings: rule=carr"):
+        compare(ctx, Comparison(BASE, settings=("rule=nope",)))
+
 def test_retention_is_compared_per_seed_with_a_seeded_bootstrap_ci(ctx):
     cmp = Comparison(BASE, retention=True)
     df = compare(ctx, cmp)
@@ -125,6 +137,8 @@ def test_the_python_api_gives_the_same_table(ctx):
 
     api = open_results(ctx.store.uri).compare("paired", BASE, depth=TEN_X, half_width=0.05)
     assert api.equals(compare(ctx, Comparison(BASE, "exact_acc", depth=TEN_X, half_width=0.05)))
+    one = open_results(ctx.store.uri).compare("paired", BASE, depth=TEN_X, settings=["rule=damped"])
+    assert one.equals(compare(ctx, Comparison(BASE, "exact_acc", depth=TEN_X, settings=("rule=damped",))))
 
 
 def cli(*args):
@@ -142,6 +156,10 @@ def test_table_compare_from_the_cli(ctx):
     assert no_base.returncode == 2 and "needs --baseline" in no_base.stderr
     other = cli("table", "depth", "--study", "paired", "--store", root, "--baseline", BASE)
     assert other.returncode == 2 and "--baseline: for `loopstudy table compare` only" in other.stderr
+    chosen = cli("table", "compare", "--study", "paired", "--store", root, "--baseline", BASE, "--depth", str(TEN_X),
+                 "--settings", "rule=damped", "--format", "csv")
+    assert chosen.returncode == 0, chosen.stderr
+    assert [line.split(",")[0] for line in chosen.stdout.splitlines()[1:]] == ["rule=damped"]
 
 
 def test_a_depth_never_read_names_the_depths_that_were(ctx):

@@ -33,13 +33,15 @@ MAX_SEEDS = 10_000  # seeds_for's search bound
 class Comparison:
     """What to compare: the baseline setting, the value per trial (a depth_eval column at `depth` layers or at
     each trial's deepest reading, a trials metric, or retention: accuracy at 10x the training depth over the
-    peak), and optionally the CI half-width the power column aims at."""
+    peak), optionally the CI half-width the power column aims at, and the settings compared (None: every other
+    setting). The Holm correction runs over the settings compared."""
 
     baseline: str
     metric: str = "exact_acc"
     depth: int | None = None
     retention: bool = False
     half_width: float | None = None
+    settings: tuple[str, ...] | None = None
 
     @property
     def what(self) -> str:
@@ -158,8 +160,14 @@ def compare(ctx: Context, cmp: Comparison) -> pl.DataFrame:
     if cmp.baseline not in settings:
         raise AnalysisError(f"--baseline {cmp.baseline!r} is not a setting of study {ctx.study!r}; its settings: "
                             + "; ".join(settings))
+    if cmp.settings is not None:
+        unknown = [s for s in cmp.settings if s not in settings]
+        if unknown:
+            raise AnalysisError(f"--settings {', '.join(map(repr, unknown))}: not a setting of study {ctx.study!r}"
+                                "; its settings: " + "; ".join(settings))
+    chosen = [s for s in settings if s != cmp.baseline and (cmp.settings is None or s in cmp.settings)]
     rows = []
-    for setting in (s for s in settings if s != cmp.baseline):
+    for setting in chosen:
         diffs, unpaired, base = paired(df, setting, cmp.baseline)
         if unpaired:
             eprint(f"loopstudy: {setting} vs {cmp.baseline}: seed(s) {', '.join(map(str, unpaired))} unpaired "

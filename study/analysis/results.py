@@ -77,13 +77,16 @@ class Results:
         return widen(df, wide) if wide else df
 
     def compare(self, study: str, baseline: str, metric: str | None = None, depth: int | None = None,
-                retention: bool = False, half_width: float | None = None) -> pl.DataFrame:
-        """Each setting minus `baseline`, paired by seed (mean, 95% CI, paired p, Holm p; with half_width, the
-        seeds a CI that narrow needs), as `loopstudy table compare` (study.analysis.compare)."""
+                retention: bool = False, half_width: float | None = None,
+                settings: list[str] | None = None) -> pl.DataFrame:
+        """Each setting (or only `settings`) minus `baseline`, paired by seed (mean, 95% CI, paired p, Holm p over
+        the settings compared; with half_width, the seeds a CI that narrow needs), as `loopstudy table compare`
+        (study.analysis.compare)."""
         from study.analysis.compare import Comparison, compare
 
         ctx = load_context(self.store, study, self.skip_bad, self.include_stale)
-        return compare(ctx, Comparison(baseline, metric or ctx.headline[0], depth, retention, half_width))
+        return compare(ctx, Comparison(baseline, metric or ctx.headline[0], depth, retention, half_width,
+                                       tuple(settings) if settings else None))
 
     def pareto(self, study: str, metric: str | None = None, budget: float | None = None,
                every_point: bool = False) -> pl.DataFrame:

@@ -238,7 +238,7 @@ def _store(root: str):
 
 
 # the options of the tables that take their own (`table compare`, `table pareto`); the others take none of them
-KIND_OPTIONS = {"compare": ("baseline", "metric", "depth", "retention", "half_width"),
+KIND_OPTIONS = {"compare": ("baseline", "metric", "depth", "retention", "half_width", "settings"),
                 "pareto": ("metric", "budget", "every_point")}
 
 
@@ -287,7 +287,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if not args.baseline:
         raise ConfigError("table compare needs --baseline SETTING (a setting as the study's tables name it)")
     ctx = load_context(_store(args.store), args.study, args.skip_bad, args.all)
-    cmp = Comparison(args.baseline, args.metric or ctx.headline[0], args.depth, args.retention, args.half_width)
+    cmp = Comparison(args.baseline, args.metric or ctx.headline[0], args.depth, args.retention, args.half_width,
+                     tuple(args.settings) if args.settings else None)
     show_table(compare(ctx, cmp), args)
     return 0
 

@@ -352,6 +352,9 @@ def add_compare(tb: argparse.ArgumentParser) -> None:
                        "deepest reading)")
     which.add_argument("--retention", action="store_true", help="compare retention (accuracy at 10x the training "
                        "depth over the peak), with a bootstrap CI as well")
+    g.add_argument("--settings", nargs="+", metavar="SETTING", help="compare only these settings with the "
+                   "baseline: the Holm family is the settings compared (default: every other setting, readings that "
+                   "`loopstudy evaluate` added included)")
     g.add_argument("--half-width", type=number("a half-width"), metavar="W",
                    help="power: the seeds a CI of half-width W needs, from "
                    "these pairs' spread (seeds_for_half_width)")
