@@ -1,39 +1,91 @@
 #!/usr/bin/env bash
-# The CPU showcase (docs/results.md): eight studies on the embedded Ray, then the tables and figures docs/results.md
-# shows, regenerated from the stored Parquet alone. About three and a half hours on 2 cores (the depth study is 35
-# minutes of it, the overthinking study 40, ARC's 10x10 subset 26, the checkpoint study 3, the published TRM's
-# factors about 50).
-# Interrupted? Run it again: trials complete in storage are skipped.
+# The CPU showcase (docs/results.md): every study on the page, on the embedded Ray, then every table and figure the
+# page shows, from the stored Parquet alone, in the page's order. Wall times on 2 cores are on the page beside each
+# study (about six hours in all, two of them the paired overthinking study); the published models' three studies
+# come first and take about two and a half hours together.
+# Interrupted? Run it again: trials and readings complete in storage are skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STORE=${STORE:-results/showcase}
-for spec in depth_scaling axis_placement beta_init halting_tau overthinking arc_small; do
-  loopstudy run "search_spaces/cpu/$spec.yaml" --store "$STORE" --no-plot
+S=(--store "$STORE")
+M=(--format markdown)
+
+# -- First: does the published TRM learn here? (TRM-Att's factors, learning curves paired by seed) --------------------
+loopstudy run search_spaces/cpu/trm_factors.yaml "${S[@]}" --no-plot
+loopstudy table compare --study cpu_trm_factors "${S[@]}" --baseline trm_att --depth 48 "${M[@]}"
+loopstudy evaluate cpu_trm_factors --checkpoints "eval.depths=[48]" "${S[@]}" --no-plot
+loopstudy table checkpoints --study cpu_trm_factors "${S[@]}" --wide "${M[@]}"
+loopstudy table depth --study cpu_trm_factors "${S[@]}" --wide "${M[@]}"
+loopstudy plot checkpoints --study cpu_trm_factors "${S[@]}" --figures docs/figures
+loopstudy run search_spaces/cpu/trm_factors_added.yaml "${S[@]}" --no-plot  # the other direction
+loopstudy table compare --study cpu_trm_factors_added "${S[@]}" --baseline trm_like --depth 48 "${M[@]}"
+
+# -- The published models with each carry rule, read to 24,960 layers in bf16 ------------------------------------------
+loopstudy run search_spaces/cpu/published_rules.yaml "${S[@]}" --no-plot
+loopstudy table depth --study cpu_published_rules "${S[@]}" --wide "${M[@]}"
+loopstudy plot depth --study cpu_published_rules "${S[@]}" --figures docs/figures
+for arch in trm_att trm_mlp; do
+  for depth in 48 24960; do
+    loopstudy table compare --study cpu_published_rules "${S[@]}" --baseline "$arch rule=carry_last" \
+      --settings "$arch rule=infiloop" "$arch rule=damped" --depth "$depth" "${M[@]}"
+  done
 done
-loopstudy table depth --study cpu_depth_scaling --store "$STORE" --wide --format markdown
-loopstudy table halting --study cpu_depth_scaling --store "$STORE" --format markdown
-loopstudy table stability --study cpu_depth_scaling --store "$STORE" --format markdown
-loopstudy table perturbation --study cpu_depth_scaling --store "$STORE" --format markdown
-loopstudy table placement --study cpu_axis_placement --store "$STORE" --format markdown
-loopstudy table beta --study cpu_beta_init --store "$STORE" --format markdown
-loopstudy table halting --study cpu_halting_tau --store "$STORE" --format markdown
-loopstudy plot all --study cpu_depth_scaling --store "$STORE" --figures "$STORE/figures"
-loopstudy plot depth --study cpu_depth_scaling --store "$STORE" --figures docs/figures  # the figure docs/results.md shows
-loopstudy table retention --study cpu_overthinking --store "$STORE" --format markdown
-loopstudy table overthinking --study cpu_overthinking --store "$STORE" --paper --wide --format markdown
-loopstudy plot overthinking --study cpu_overthinking --store "$STORE" --figures docs/figures  # the figure docs/results.md shows
-loopstudy run search_spaces/cpu/checkpoints.yaml --store "$STORE" --no-plot  # train once, keep checkpoints
-loopstudy evaluate cpu_checkpoints --checkpoints --store "$STORE" --no-plot   # ... read every one, no training
-loopstudy plot checkpoints --study cpu_checkpoints --store "$STORE" --figures docs/figures  # the figure docs/results.md shows
-# The published TRM-Att at CPU scale, each factor reverted alone, learning curves paired by seed (about 45 minutes)
-loopstudy run search_spaces/cpu/trm_factors.yaml --store "$STORE" --no-plot
-loopstudy table compare --study cpu_trm_factors --store "$STORE" --baseline trm_att --depth 48 --format markdown
-loopstudy evaluate cpu_trm_factors --checkpoints "eval.depths=[48]" --store "$STORE" --no-plot
-loopstudy table checkpoints --study cpu_trm_factors --store "$STORE" --wide --format markdown
-loopstudy table depth --study cpu_trm_factors --store "$STORE" --wide --format markdown
-loopstudy plot checkpoints --study cpu_trm_factors --store "$STORE" --figures docs/figures  # the figure docs/results.md shows
-loopstudy run search_spaces/cpu/trm_factors_added.yaml --store "$STORE" --no-plot  # the other direction (6 minutes)
-loopstudy table compare --study cpu_trm_factors_added --store "$STORE" --baseline trm_like --depth 48 --format markdown
-loopstudy table depth --study cpu_arc_small --store "$STORE" --wide --format markdown  # pass@2 per puzzle
-loopstudy table depth --study cpu_arc_small --store "$STORE" --wide cell_acc --format markdown
-loopstudy plot depth --study cpu_arc_small --store "$STORE" --figures docs/figures  # the figure docs/results.md shows
+# each rule's 24,960-layer reading minus its 48-layer one, per seed
+loopstudy query "${S[@]}" "select label, \"model.carry.rule\" as rule, seed, max(exact_acc) filter (where depth_layers = 24960) - max(exact_acc) filter (where depth_layers = 48) as deep_minus_48 from depth_eval join trials using (trial_id) where trials.study = 'cpu_published_rules' and weights_of is null and difficulty is null group by all order by all"
+# halting readouts of the same weights: TRM's Q head and FPRM's residual rule; then the dynamics readout
+loopstudy evaluate cpu_published_rules eval.halting=true eval.halting_rule=q_head "eval.depths=[12,48,192,468,1872]" "${S[@]}" --no-plot
+loopstudy evaluate cpu_published_rules eval.halting=true "eval.depths=[12,48,192,468,1872]" "${S[@]}" --no-plot
+loopstudy evaluate cpu_published_rules "eval.stability=[36,72]" eval.perturb_update=36 "eval.depths=[468,1872]" "${S[@]}" --no-plot
+loopstudy table halting --study cpu_published_rules "${S[@]}" "${M[@]}"
+loopstudy table pareto --study cpu_published_rules "${S[@]}" "${M[@]}"
+loopstudy plot pareto --study cpu_published_rules "${S[@]}" --figures docs/figures
+loopstudy table stability --study cpu_published_rules "${S[@]}" "${M[@]}"
+loopstudy table perturbation --study cpu_published_rules "${S[@]}" "${M[@]}"
+
+# -- InfiLoop's ablations on the published TRM-MLP, 5 seeds paired ------------------------------------------------------
+loopstudy run search_spaces/cpu/published_infiloop.yaml "${S[@]}" --no-plot
+loopstudy table depth --study cpu_published_infiloop "${S[@]}" --wide "${M[@]}"
+for depth in 48 1872; do
+  loopstudy table compare --study cpu_published_infiloop "${S[@]}" --baseline both --depth "$depth" "${M[@]}"
+done
+
+# -- loopstudy's TRM-like reasoner: depth scaling, FPRM's tau, the compute front ---------------------------------------
+for spec in depth_scaling halting_tau; do
+  loopstudy run "search_spaces/cpu/$spec.yaml" "${S[@]}" --no-plot
+done
+loopstudy table depth --study cpu_depth_scaling "${S[@]}" --wide "${M[@]}"
+loopstudy plot depth --study cpu_depth_scaling "${S[@]}" --figures docs/figures
+loopstudy table compare --study cpu_depth_scaling "${S[@]}" --baseline trm_carry_last --depth 24960 "${M[@]}"
+loopstudy table compare --study cpu_depth_scaling "${S[@]}" --baseline fprm --depth 24960 "${M[@]}"
+loopstudy table halting --study cpu_depth_scaling "${S[@]}" "${M[@]}"
+loopstudy table stability --study cpu_depth_scaling "${S[@]}" "${M[@]}"
+loopstudy table perturbation --study cpu_depth_scaling "${S[@]}" "${M[@]}"
+loopstudy table halting --study cpu_halting_tau "${S[@]}" "${M[@]}"
+loopstudy table difficulty --study cpu_halting_tau "${S[@]}" "${M[@]}"
+for study in cpu_depth_scaling cpu_halting_tau; do
+  loopstudy table pareto --study "$study" "${S[@]}" "${M[@]}"
+  loopstudy plot pareto --study "$study" "${S[@]}" --figures docs/figures
+done
+
+# -- Overthinking: prefix sums without recall, then the paired retention study ----------------------------------------
+loopstudy run search_spaces/cpu/overthinking.yaml "${S[@]}" --no-plot
+loopstudy table retention --study cpu_overthinking "${S[@]}" "${M[@]}"
+loopstudy table overthinking --study cpu_overthinking "${S[@]}" --paper --wide "${M[@]}"
+loopstudy plot overthinking --study cpu_overthinking "${S[@]}" --figures docs/figures
+loopstudy run search_spaces/cpu/overthinking_paired.yaml "${S[@]}" --no-plot
+loopstudy table compare --study cpu_overthinking_paired "${S[@]}" --baseline carry_last_no_recall --retention \
+  --half-width 0.15 "${M[@]}"
+for depth in 16 160; do
+  loopstudy table compare --study cpu_overthinking_paired "${S[@]}" --baseline carry_last_no_recall --depth "$depth" \
+    "${M[@]}"
+done
+loopstudy table retention --study cpu_overthinking_paired "${S[@]}" "${M[@]}"
+
+# -- Train once, read many times; ARC-AGI's 10x10 subset ----------------------------------------------------------------
+loopstudy run search_spaces/cpu/checkpoints.yaml "${S[@]}" --no-plot  # train once, keep checkpoints
+loopstudy evaluate cpu_checkpoints --checkpoints "${S[@]}" --no-plot   # ... read every one, no training
+loopstudy plot checkpoints --study cpu_checkpoints "${S[@]}" --figures docs/figures
+loopstudy run search_spaces/cpu/arc_small.yaml "${S[@]}" --no-plot
+loopstudy table depth --study cpu_arc_small "${S[@]}" --wide "${M[@]}"  # pass@2 per puzzle
+loopstudy table depth --study cpu_arc_small "${S[@]}" --wide cell_acc "${M[@]}"
+loopstudy plot depth --study cpu_arc_small "${S[@]}" --figures docs/figures
