@@ -12,7 +12,11 @@ M=(--format markdown)
 
 # -- First: does the published TRM learn here? (TRM-Att's factors, learning curves paired by seed) --------------------
 loopstudy run search_spaces/cpu/trm_factors.yaml "${S[@]}" --no-plot
-loopstudy table compare --study cpu_trm_factors "${S[@]}" --baseline trm_att --depth 48 "${M[@]}"
+# the trained settings only (the readings of their checkpoints below are settings of their own)
+FACTORS=(trm_att_adamw trm_att_conv trm_att_learned_pos trm_att_no_act trm_att_no_prefix trm_att_nsup16
+         trm_att_pos_init_prefix trm_att_softmax trm_att_torch_init trm_like trm_like_act trm_mlp)
+loopstudy table compare --study cpu_trm_factors "${S[@]}" --baseline trm_att --settings "${FACTORS[@]}" --depth 48 \
+  "${M[@]}"
 loopstudy evaluate cpu_trm_factors --checkpoints "eval.depths=[48]" "${S[@]}" --no-plot
 loopstudy table checkpoints --study cpu_trm_factors "${S[@]}" --wide "${M[@]}"
 loopstudy table depth --study cpu_trm_factors "${S[@]}" --wide "${M[@]}"
@@ -31,7 +35,11 @@ for arch in trm_att trm_mlp; do
   done
 done
 # each rule's 24,960-layer reading minus its 48-layer one, per seed
-loopstudy query "${S[@]}" "select label, \"model.carry.rule\" as rule, seed, max(exact_acc) filter (where depth_layers = 24960) - max(exact_acc) filter (where depth_layers = 48) as deep_minus_48 from depth_eval join trials using (trial_id) where trials.study = 'cpu_published_rules' and weights_of is null and difficulty is null group by all order by all"
+DEEP_MINUS_48="select label, \"model.carry.rule\" as rule, seed,
+  max(exact_acc) filter (where depth_layers = 24960) - max(exact_acc) filter (where depth_layers = 48) as deep_minus_48
+  from depth_eval join trials using (trial_id)
+  where trials.study = 'cpu_published_rules' and weights_of is null and difficulty is null group by all order by all"
+loopstudy query "${S[@]}" "$DEEP_MINUS_48" "${M[@]}"
 # halting readouts of the same weights: TRM's Q head and FPRM's residual rule; then the dynamics readout
 loopstudy evaluate cpu_published_rules eval.halting=true eval.halting_rule=q_head "eval.depths=[12,48,192,468,1872]" "${S[@]}" --no-plot
 loopstudy evaluate cpu_published_rules eval.halting=true "eval.depths=[12,48,192,468,1872]" "${S[@]}" --no-plot
@@ -45,9 +53,14 @@ loopstudy table perturbation --study cpu_published_rules "${S[@]}" "${M[@]}"
 # -- InfiLoop's ablations on the published TRM-MLP, 5 seeds paired ------------------------------------------------------
 loopstudy run search_spaces/cpu/published_infiloop.yaml "${S[@]}" --no-plot
 loopstudy table depth --study cpu_published_infiloop "${S[@]}" --wide "${M[@]}"
+ABLATIONS=(inner outer both_H4L2 learned_0.10 learned_0.90 fixed_0.55 uniform_1.0 reverse_1.82)
 for depth in 48 1872; do
-  loopstudy table compare --study cpu_published_infiloop "${S[@]}" --baseline both --depth "$depth" "${M[@]}"
+  loopstudy table compare --study cpu_published_infiloop "${S[@]}" --baseline both --settings "${ABLATIONS[@]}" \
+    --depth "$depth" "${M[@]}"
 done
+loopstudy evaluate cpu_published_infiloop --checkpoints "eval.depths=[48]" "${S[@]}" --no-plot
+loopstudy table checkpoints --study cpu_published_infiloop "${S[@]}" --wide "${M[@]}"
+loopstudy plot checkpoints --study cpu_published_infiloop "${S[@]}" --figures docs/figures
 
 # -- loopstudy's TRM-like reasoner: depth scaling, FPRM's tau, the compute front ---------------------------------------
 for spec in depth_scaling halting_tau; do
