@@ -220,3 +220,40 @@ def test_machine_readable_formats_carry_every_value_as_stored(ctx, tmp_path):
             assert got[col].to_list() == pytest.approx(exact[col].to_list(), rel=1e-15, abs=0), col
     refused = cli(*args, "--out", str(tmp_path / "cmp.csv"))
     assert refused.returncode == 2 and "a .parquet file" in refused.stderr
+
+
+def test_step_compares_the_weights_kept_at_that_training_step_paired_by_seed(tmp_path):
+    """Checkpoint readings (loopstudy evaluate --checkpoints) are compared at one training step, not the final
+    weights: the values are the step's, paired by the seed of the trial whose weights were read."""
+    store = Store(tmp_path)
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    final = {"carry_last": [0.9, 0.8, 0.7], "infiloop": [0.9, 0.8, 0.7]}  # no difference at the end
+    early = {"carry_last": [0.50, 0.40, 0.30], "infiloop": [0.30, 0.25, 0.20]}  # at step 10: -0.2, -0.15, -0.1
+
+    def write(tid, cfg, acc, **extra):
+        store.write("depth_eval", "curves", tid, [{"depth_layers": PEAK, "outer_cycles": 12, "difficulty": None,
+                                                   "n": 100, "exact_acc": acc, "cell_acc": 0.9, "halted_frac": 0.0,
+                                                   "eff_layers": float(PEAK)}])
+        for table in ("dynamics", "perturbation", "train_curve"):
+            store.write(table, "curves", tid, [])
+        store.write("trials", "curves", tid, [{**config_row(cfg), "status": "complete", "params": 1, "started": now,
+                                               "ended": now, "wall_s": 1.0, "device": "cpu", **extra}])
+
+    for rule in final:
+        for seed in range(3):
+            cfg = to_dict(TrialConfig(seed=seed))
+            cfg["model"]["carry"]["rule"] = rule
+            write(f"{rule[:3]}{seed}", cfg, final[rule][seed])
+            write(f"{rule[:3]}{seed}s10", cfg, early[rule][seed], weights_of=f"{rule[:3]}{seed}", weights_step=10)
+    ctx = load_context(store, "curves")
+    at_end = compare(ctx, Comparison(BASE, "exact_acc", depth=PEAK))
+    assert at_end["diff"].item() == pytest.approx(0.0)
+    at_10 = compare(ctx, Comparison(BASE, "exact_acc", depth=PEAK, step=10))
+    assert at_10["setting"].to_list() == ["rule=infiloop"] and at_10["n_pairs"].item() == 3
+    assert at_10["diff"].item() == pytest.approx(-0.15) and at_10["metric"].item() == f"exact_acc@{PEAK}, step 10"
+    assert at_10["p"].item() == pytest.approx(stats.ttest_1samp([-0.2, -0.15, -0.1], 0).pvalue)
+    with pytest.raises(AnalysisError, match="--step 20: study 'curves' has no reading of weights kept at step 20; "
+                                            "steps read: 10"):
+        compare(ctx, Comparison(BASE, depth=PEAK, step=20))
+    with pytest.raises(AnalysisError, match="--step reads the depth rows of checkpoint readings"):
+        compare(ctx, Comparison(BASE, retention=True, step=10))

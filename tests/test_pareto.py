@@ -73,6 +73,18 @@ def test_a_budget_answers_the_most_accurate_reading_within_it(ctx):
         pareto(ctx, Frontier(metric="flops"))
 
 
+def test_the_front_over_chosen_settings_ignores_the_others_readings(ctx):
+    def front(*settings):
+        df = pareto(ctx, Frontier(settings=settings))
+        return [(s, d) for s, d in df.select("setting", "depth_layers").iter_rows()]
+
+    assert front("rule=carry_last", "rule=damped") == [("rule=carry_last", 12), ("rule=carry_last", 48)]
+    assert front("rule=damped") == [("rule=damped", 12)]  # on no front of every setting's readings
+    with pytest.raises(AnalysisError, match="'rule=nope': no reading of study 'front' has that setting; its "
+                                            "settings: rule=carry_last"):
+        pareto(ctx, Frontier(settings=("rule=nope",)))
+
+
 def test_readings_without_flops_say_how_to_get_them(tmp_path):
     store = Store(tmp_path)
     now = datetime(2026, 1, 1, tzinfo=UTC)

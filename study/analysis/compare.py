@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from study.analysis.tables import Context, deepest, overall, retention_per_trial, t975
+from study.analysis.tables import Context, checkpoint_readings, deepest, overall, retention_per_trial, t975
 from study.console import eprint
 from study.errors import AnalysisError
 from study.metrics import METRICS
@@ -34,7 +34,8 @@ class Comparison:
     """What to compare: the baseline setting, the value per trial (a depth_eval column at `depth` layers or at
     each trial's deepest reading, a trials metric, or retention: accuracy at 10x the training depth over the
     peak), optionally the CI half-width the power column aims at, and the settings compared (None: every other
-    setting). The Holm correction runs over the settings compared."""
+    setting). The Holm correction runs over the settings compared. step: read the weights kept at that training
+    step instead (loopstudy evaluate --checkpoints; the settings as the checkpoints table names them)."""
 
     baseline: str
     metric: str = "exact_acc"
@@ -42,6 +43,7 @@ class Comparison:
     retention: bool = False
     half_width: float | None = None
     settings: tuple[str, ...] | None = None
+    step: int | None = None
 
     @property
     def what(self) -> str:
@@ -49,12 +51,16 @@ class Comparison:
             return "retained_10x"
         if self.metric in METRICS:
             return self.metric
-        return f"{self.metric}@{self.depth}" if self.depth else f"{self.metric}@deepest"
+        at = f"{self.metric}@{self.depth}" if self.depth else f"{self.metric}@deepest"
+        return at if self.step is None else f"{at}, step {self.step}"
 
 
 def values(ctx: Context, cmp: Comparison) -> pl.DataFrame:
     """One value per complete trial: setting, seed, value."""
-    seeds = ctx.trials.select("trial_id", "seed").lazy()
+    seeds = ctx.every_trial.select("trial_id", "seed").lazy()
+    if cmp.step is not None and (cmp.retention or cmp.metric in METRICS):
+        raise AnalysisError("--step reads the depth rows of checkpoint readings; it takes neither --retention nor a "
+                            "trial metric")
     if cmp.retention:
         per = retention_per_trial(ctx).collect()
         if per["at_10x"].is_null().all():
@@ -73,7 +79,7 @@ def values(ctx: Context, cmp: Comparison) -> pl.DataFrame:
         if cmp.metric not in columns or cmp.metric in ("trial_id", "setting", "study", "difficulty"):
             raise AnalysisError(f"unknown metric {cmp.metric!r}: a depth_eval column (e.g. exact_acc, cell_acc, "
                                 f"eff_layers) or a trial metric ({', '.join(METRICS)})")
-        lf = overall(ctx.table("depth_eval"))
+        lf = overall(ctx.table("depth_eval")) if cmp.step is None else at_step(ctx, cmp.step)
         if cmp.depth is not None:
             read = sorted(lf.select(pl.col("depth_layers").unique()).collect().to_series().to_list())
             if cmp.depth not in read:
@@ -86,6 +92,17 @@ def values(ctx: Context, cmp: Comparison) -> pl.DataFrame:
         raise AnalysisError(f"study {ctx.study!r} has no {cmp.what} to compare"
                             + (f" (no reading at {cmp.depth} layers)" if cmp.depth else ""))
     return df
+
+
+def at_step(ctx: Context, step: int) -> pl.LazyFrame:
+    """The overall depth rows of the weights kept at training step `step` (loopstudy evaluate --checkpoints)."""
+    lf = overall(checkpoint_readings(ctx))
+    steps = sorted(lf.select(pl.col("train_step").unique()).collect().to_series().drop_nulls().to_list())
+    if step not in steps:
+        read = ", ".join(map(str, steps)) or "none (loopstudy evaluate STUDY --checkpoints)"
+        raise AnalysisError(f"--step {step}: study {ctx.study!r} has no reading of weights kept at step {step}; "
+                            f"steps read: {read}")
+    return lf.filter(pl.col("train_step") == step).drop("train_step")
 
 
 def read_at_10x(ctx: Context) -> str:

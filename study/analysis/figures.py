@@ -263,6 +263,10 @@ FIGURES: dict[str, Callable[..., None]] = {kind: globals()[f"fig_{kind}"] for ki
 PER_PANEL = {"perturbation": 1, "checkpoints": 1, "depth": MAX_LEGEND - 3, "overthinking": MAX_LEGEND - 3,
              "pareto": 10**9}
 PANEL = (5.6, 4.0)  # inches per panel
+# A one-panel figure whose legend has no bound (the Pareto front's) puts it beside the axes, one entry a line, and
+# grows to hold it: inches per entry and per character at the legend's font size 7 (so long reading names, such as
+# `evaluate`'s `... halting=true halting_rule=q_head`, never squeeze the axes).
+LEGEND_LINE, LEGEND_CHAR = 0.16, 0.052
 
 
 def panels(settings: list[str], kind: str) -> list[list[str]]:
@@ -279,8 +283,12 @@ def draw(ctx: Context, kind: str, style: Style):
     groups = panels(settings, kind)
     cols = min(len(groups), 3)
     rows = math.ceil(len(groups) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(PANEL[0] * cols + 0.4, PANEL[1] * rows), sharey=True,
-                             layout="constrained", squeeze=False)
+    size = (PANEL[0] * cols + 0.4, PANEL[1] * rows)
+    beside = PER_PANEL.get(kind) == 10**9  # one panel, every setting: the legend beside it
+    if beside:
+        labels = [*settings, "Pareto front"]
+        size = (size[0] + 0.6 + LEGEND_CHAR * max(map(len, labels)), max(size[1], 0.5 + LEGEND_LINE * len(labels)))
+    fig, axes = plt.subplots(rows, cols, figsize=size, sharey=True, layout="constrained", squeeze=False)
     try:
         for ax, group in zip(axes.flat, groups):
             kept = ctx.checkpoints.filter(pl.col("setting").is_in(group)) if ctx.checkpoints is not None else None
@@ -288,7 +296,9 @@ def draw(ctx: Context, kind: str, style: Style):
             FIGURES[kind](sub, ax, style)
             ax.grid(alpha=0.3)
             entries = len(ax.get_legend_handles_labels()[0])
-            if entries > LEGEND_INSIDE:  # below the axes: inside, "best" still hides some line of a busy panel
+            if beside:
+                ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
+            elif entries > LEGEND_INSIDE:  # below the axes: inside, "best" still hides some line of a busy panel
                 ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
             elif entries:
                 ax.legend(fontsize=7, loc="best")

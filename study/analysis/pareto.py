@@ -23,11 +23,13 @@ from study.analysis.tables import AnalysisError, Context, aggregate, overall
 @dataclass(frozen=True)
 class Frontier:
     """What `table pareto` reads. metric: the accuracy column (default: the study's headline); budget: FLOPs per
-    sample, and the answer is the most accurate point within it; every_point: every point, with `front` marked."""
+    sample, and the answer is the most accurate point within it; every_point: every point, with `front` marked;
+    settings: the front over these settings' readings only (None: every setting's)."""
 
     metric: str | None = None
     budget: float | None = None
     every_point: bool = False
+    settings: tuple[str, ...] | None = None
 
 
 def points(ctx: Context, metric: str) -> pl.DataFrame:
@@ -48,6 +50,13 @@ def pareto(ctx: Context, frontier: Frontier = Frontier()) -> pl.DataFrame:
     a budget, the most accurate reading within it (ties: the cheaper)."""
     metric = frontier.metric or ctx.headline[0]
     df = points(ctx, metric)
+    if frontier.settings is not None:
+        known = set(df["setting"].to_list())
+        unknown = [s for s in frontier.settings if s not in known]
+        if unknown:
+            raise AnalysisError(f"--settings {', '.join(map(repr, unknown))}: no reading of study {ctx.study!r} has "
+                                "that setting; its settings: " + "; ".join(sorted(known)))
+        df = df.filter(pl.col("setting").is_in(frontier.settings))
     acc, flops = f"{metric}_mean", "flops_mean"
     df = df.with_columns(pl.Series("front", nondominated(df.select(acc, flops).to_numpy(), [True, False])))
     df = df.select("setting", "depth_layers", pl.col("eff_layers_mean").alias("eff_layers"), flops, "flops_ci95",

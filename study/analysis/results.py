@@ -78,24 +78,26 @@ class Results:
 
     def compare(self, study: str, baseline: str, metric: str | None = None, depth: int | None = None,
                 retention: bool = False, half_width: float | None = None,
-                settings: list[str] | None = None) -> pl.DataFrame:
+                settings: list[str] | None = None, step: int | None = None) -> pl.DataFrame:
         """Each setting (or only `settings`) minus `baseline`, paired by seed (mean, 95% CI, paired p, Holm p over
-        the settings compared; with half_width, the seeds a CI that narrow needs), as `loopstudy table compare`
+        the settings compared; with half_width, the seeds a CI that narrow needs; step: the weights kept at that
+        training step), as `loopstudy table compare`
         (study.analysis.compare)."""
         from study.analysis.compare import Comparison, compare
 
         ctx = load_context(self.store, study, self.skip_bad, self.include_stale)
         return compare(ctx, Comparison(baseline, metric or ctx.headline[0], depth, retention, half_width,
-                                       tuple(settings) if settings else None))
+                                       tuple(settings) if settings else None, step))
 
     def pareto(self, study: str, metric: str | None = None, budget: float | None = None,
-               every_point: bool = False) -> pl.DataFrame:
-        """Accuracy against test-time FLOPs per sample over the study's readings: the front (or, with a budget,
-        the most accurate reading within it), as `loopstudy table pareto` (study.analysis.pareto)."""
+               every_point: bool = False, settings: list[str] | None = None) -> pl.DataFrame:
+        """Accuracy against test-time FLOPs per sample over the study's readings (or only `settings`'): the front
+        (or, with a budget, the most accurate reading within it), as `loopstudy table pareto`
+        (study.analysis.pareto)."""
         from study.analysis.pareto import Frontier, pareto
 
         ctx = load_context(self.store, study, self.skip_bad, self.include_stale)
-        return pareto(ctx, Frontier(metric, budget, every_point))
+        return pareto(ctx, Frontier(metric, budget, every_point, tuple(settings) if settings else None))
 
     def figures(self, study: str, kind: str = "all", out: str | Path = "results/figures") -> list[Path]:
         """Write figure `kind` (or all) as PNG and PDF into `out`, as `loopstudy plot`; returns the files."""

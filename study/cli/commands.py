@@ -238,8 +238,8 @@ def _store(root: str):
 
 
 # the options of the tables that take their own (`table compare`, `table pareto`); the others take none of them
-KIND_OPTIONS = {"compare": ("baseline", "metric", "depth", "retention", "half_width", "settings"),
-                "pareto": ("metric", "budget", "every_point")}
+KIND_OPTIONS = {"compare": ("baseline", "metric", "depth", "retention", "half_width", "settings", "step"),
+                "pareto": ("metric", "budget", "every_point", "settings")}
 
 
 def show_table(df, args: argparse.Namespace) -> None:
@@ -288,7 +288,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise ConfigError("table compare needs --baseline SETTING (a setting as the study's tables name it)")
     ctx = load_context(_store(args.store), args.study, args.skip_bad, args.all)
     cmp = Comparison(args.baseline, args.metric or ctx.headline[0], args.depth, args.retention, args.half_width,
-                     tuple(args.settings) if args.settings else None)
+                     tuple(args.settings) if args.settings else None, args.step)
     show_table(compare(ctx, cmp), args)
     return 0
 
@@ -298,7 +298,8 @@ def cmd_pareto(args: argparse.Namespace) -> int:
     from study.analysis.tables import load_context
 
     ctx = load_context(_store(args.store), args.study, args.skip_bad, args.all)
-    df = pareto(ctx, Frontier(args.metric, args.budget, args.every_point))
+    df = pareto(ctx, Frontier(args.metric, args.budget, args.every_point,
+                              tuple(args.settings) if args.settings else None))
     if args.budget is not None:
         eprint(f"{args.study}: the most accurate reading within {args.budget:.4g} FLOPs per sample")
     show_table(df, args)

@@ -354,7 +354,9 @@ def add_compare(tb: argparse.ArgumentParser) -> None:
                        "depth over the peak), with a bootstrap CI as well")
     g.add_argument("--settings", nargs="+", metavar="SETTING", help="compare only these settings with the "
                    "baseline: the Holm family is the settings compared (default: every other setting, readings that "
-                   "`loopstudy evaluate` added included)")
+                   "`loopstudy evaluate` added included); for pareto, the front over these settings' readings only")
+    g.add_argument("--step", type=count(1), metavar="N", help="read the weights kept at training step N instead "
+                   "(loopstudy evaluate --checkpoints; settings as the checkpoints table names them)")
     g.add_argument("--half-width", type=number("a half-width"), metavar="W",
                    help="power: the seeds a CI of half-width W needs, from "
                    "these pairs' spread (seeds_for_half_width)")
