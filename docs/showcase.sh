@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The CPU showcase (docs/results.md): every study on the page, on the embedded Ray, then every table and figure the
 # page shows, from the stored Parquet alone, in the page's order. Wall times on 2 cores are on the page beside each
-# study (about six hours in all, two of them the paired overthinking study); the published models' three studies
-# come first and take about two and a half hours together.
+# study: about six and a half hours in all; the published models' four studies come first and take about three and
+# a quarter (the paired overthinking study another hour and a half).
 # Interrupted? Run it again: trials and readings complete in storage are skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,7 +45,16 @@ loopstudy evaluate cpu_published_rules eval.halting=true eval.halting_rule=q_hea
 loopstudy evaluate cpu_published_rules eval.halting=true "eval.depths=[12,48,192,468,1872]" "${S[@]}" --no-plot
 loopstudy evaluate cpu_published_rules "eval.stability=[36,72]" eval.perturb_update=36 "eval.depths=[468,1872]" "${S[@]}" --no-plot
 loopstudy table halting --study cpu_published_rules "${S[@]}" "${M[@]}"
+D="depths=[12, 48, 192, 468, 1872]"
+FRONT=()
+for rule in carry_last damped infiloop; do  # each halting readout minus the same weights run to depth
+  loopstudy table compare --study cpu_published_rules "${S[@]}" --baseline "trm_att rule=$rule" \
+    --settings "trm_att rule=$rule $D halting=true" "trm_att rule=$rule $D halting=true halting_rule=q_head" \
+    --depth 1872 "${M[@]}"
+  FRONT+=("trm_att rule=$rule" "trm_att rule=$rule $D halting=true" "trm_att rule=$rule $D halting=true halting_rule=q_head")
+done
 loopstudy table pareto --study cpu_published_rules "${S[@]}" "${M[@]}"
+loopstudy table pareto --study cpu_published_rules "${S[@]}" --settings "${FRONT[@]}" "${M[@]}"  # TRM-Att's front
 loopstudy plot pareto --study cpu_published_rules "${S[@]}" --figures docs/figures
 loopstudy table stability --study cpu_published_rules "${S[@]}" "${M[@]}"
 loopstudy table perturbation --study cpu_published_rules "${S[@]}" "${M[@]}"
@@ -60,6 +69,10 @@ for depth in 48 1872; do
 done
 loopstudy evaluate cpu_published_infiloop --checkpoints "eval.depths=[48]" "${S[@]}" --no-plot
 loopstudy table checkpoints --study cpu_published_infiloop "${S[@]}" --wide "${M[@]}"
+for step in 80 120; do  # along training, paired by seed
+  loopstudy table compare --study cpu_published_infiloop "${S[@]}" --baseline "both depths=[48]" --step "$step" \
+    --depth 48 "${M[@]}"
+done
 loopstudy plot checkpoints --study cpu_published_infiloop "${S[@]}" --figures docs/figures
 
 # -- loopstudy's TRM-like reasoner: depth scaling, FPRM's tau, the compute front ---------------------------------------
