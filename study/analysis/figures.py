@@ -260,8 +260,9 @@ FIGURES: dict[str, Callable[..., None]] = {kind: globals()[f"fig_{kind}"] for ki
 # settings per panel, so that no legend has more than MAX_LEGEND entries: room for the published series (up to
 # three) beside the measured ones; one setting per perturbation panel (its lines are the perturbation sizes); the
 # Pareto front is over every setting at once: one panel, whatever its legend's length
+ONE_PANEL = 10**9
 PER_PANEL = {"perturbation": 1, "checkpoints": 1, "depth": MAX_LEGEND - 3, "overthinking": MAX_LEGEND - 3,
-             "pareto": 10**9}
+             "pareto": ONE_PANEL}
 PANEL = (5.6, 4.0)  # inches per panel
 # A one-panel figure whose legend has no bound (the Pareto front's) puts it beside the axes, one entry a line, and
 # grows to hold it: inches per entry and per character at the legend's font size 7 (so long reading names, such as
@@ -284,7 +285,7 @@ def draw(ctx: Context, kind: str, style: Style):
     cols = min(len(groups), 3)
     rows = math.ceil(len(groups) / cols)
     size = (PANEL[0] * cols + 0.4, PANEL[1] * rows)
-    beside = PER_PANEL.get(kind) == 10**9  # one panel, every setting: the legend beside it
+    beside = PER_PANEL.get(kind) == ONE_PANEL  # every setting in one panel: the legend beside it
     if beside:
         labels = [*settings, "Pareto front"]
         size = (size[0] + 0.6 + LEGEND_CHAR * max(map(len, labels)), max(size[1], 0.5 + LEGEND_LINE * len(labels)))

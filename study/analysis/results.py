@@ -81,8 +81,7 @@ class Results:
                 settings: list[str] | None = None, step: int | None = None) -> pl.DataFrame:
         """Each setting (or only `settings`) minus `baseline`, paired by seed (mean, 95% CI, paired p, Holm p over
         the settings compared; with half_width, the seeds a CI that narrow needs; step: the weights kept at that
-        training step), as `loopstudy table compare`
-        (study.analysis.compare)."""
+        training step), as `loopstudy table compare` (study.analysis.compare)."""
         from study.analysis.compare import Comparison, compare
 
         ctx = load_context(self.store, study, self.skip_bad, self.include_stale)
