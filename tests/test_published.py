@@ -94,6 +94,27 @@ def test_fixed_initial_states_are_saved_buffers_not_trained():
     assert {"y_init", "z_init"} <= set(model.state_dict())
 
 
+
+def test_each_inner_update_reads_z_l_plus_the_sum_of_z_h_and_x_in_trms_order():
+    """reference_models.md: z_L = module(z_L, z_H + x), the module adding its injection once. In float32 the order
+    shows: (z_L + z_H) + x rounds differently from z_L + (z_H + x) in some elements of these random states."""
+    cfg, task = published(L=3)
+    model = build_reasoner(cfg, task).eval()
+    tokens = torch.randint(0, task.vocab, (3, task.seq_len), generator=torch.Generator().manual_seed(0))
+    x = model.embed(tokens)
+    state = model.init_state(x)
+    g = torch.Generator().manual_seed(1)
+    state.outer.h.copy_(torch.randn(state.outer.h.shape, generator=g) * 3)
+    state.inner.h.copy_(torch.randn(state.inner.h.shape, generator=g) / 3)
+    seen = []
+    hook = model.block.register_forward_pre_hook(lambda _m, args: seen.append(args[0].clone()))
+    with torch.no_grad():
+        model.step(state, x)
+    hook.remove()
+    assert torch.equal(seen[0], state.inner.h + (state.outer.h + x))
+    assert not torch.equal(seen[0], state.inner.h + state.outer.h + x)  # the order is visible at these values
+
+
 # -- TRM-MLP's block: every norm axis and transpose -------------------------------------------------------------------
 def trm_mlp_block(positions=7, hidden=5):
     """One TRM-MLP layer (token SwiGLU, then channel SwiGLU, post-norm) in float64, with TRM's init, and an input."""

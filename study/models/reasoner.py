@@ -251,8 +251,10 @@ class NestedReasoner(Reasoner):
         x = self.injected(x)
         L, graded = self.cfg.L, self.cfg.inner_grad_steps or self.cfg.L
         grad_on = torch.is_grad_enabled()
+        # TRM's order, z_L + (z_H + x): y + x is fixed over the inner loop, so it is summed once
+        yx = y if x is None else y + x
         for i in range(L):
-            inp = inner.h + y if x is None else inner.h + y + x
+            inp = inner.h + yx
             # model.inner_grad_steps: only the last inner steps keep gradient (HRM's one-step gradient: 1)
             with torch.set_grad_enabled(grad_on and i >= L - graded):
                 # From the second inner step on, `inner` is this loop's own: the step may overwrite it.
