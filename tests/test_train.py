@@ -105,3 +105,32 @@ def test_a_resampled_complete_trial_reports_its_stored_value_of_every_metric(tmp
     expect = {"final_exact_acc": 0.5, "best_exact_acc": 0.5, "final_cell_acc": 0.9}
     if metric in expect:
         assert stored_metrics(store, "s", "t1")[metric] == expect[metric]
+
+
+def test_bf16_training_attends_its_bf16_inputs_in_float32_on_the_cpu(monkeypatch):
+    """PyTorch's bf16 attention backward on the CPU is several times float32's, so a bf16 training step attends the
+    bf16-rounded queries, keys and values in float32 (as flash attention accumulates them): the output matches a
+    float64 attention of those rounded inputs far inside bf16's rounding."""
+    from study.models.block import Attention
+
+    torch.manual_seed(0)
+    attn = Attention(ModelConfig(hidden=32, heads=2, pos="rope"))
+    x = torch.randn(3, 10, 32, requires_grad=True)
+    seen = {}
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, **kw):
+        seen["in"] = (q, k, v)
+        seen["out"] = out = sdpa(q, k, v, **kw)
+        return out
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)  # the real one, watched
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        attn(x).float().sum().backward()
+    q, k, v = seen["in"]
+    assert q.dtype == k.dtype == v.dtype == torch.float32
+    assert all(torch.equal(t, t.to(torch.bfloat16).float()) for t in (q, k, v))  # bf16 values, float32 arithmetic
+    q64, k64, v64 = (t.detach().double() for t in (q, k, v))
+    want = torch.softmax(q64 @ k64.transpose(-1, -2) / math.sqrt(q.shape[-1]), -1) @ v64
+    assert (seen["out"].detach().double() - want).abs().max() < 1e-5
+    assert x.grad is not None and torch.isfinite(x.grad).all()

@@ -96,7 +96,14 @@ class Attention(nn.Module):
         if self.rope:
             cos, sin = self.rope_tables(S, D // self.heads, x.device)
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-        y = F.scaled_dot_product_attention(q, k, v)  # non-causal: every cell sees the whole board
+        if x.device.type == "cpu" and torch.is_grad_enabled() and (
+                torch.is_autocast_enabled("cpu") or v.dtype == torch.bfloat16):
+            # PyTorch's bf16 attention backward on the CPU runs 2-9x slower than float32's (bench/precision.py):
+            # the same bf16-rounded inputs, attended in float32, as flash attention accumulates them
+            with torch.autocast("cpu", enabled=False):
+                y = F.scaled_dot_product_attention(*(t.to(torch.bfloat16).float() for t in (q, k, v)))
+        else:
+            y = F.scaled_dot_product_attention(q, k, v)  # non-causal: every cell sees the whole board
         return self.proj(y.transpose(1, 2).reshape(B, S, D))
 
 
