@@ -108,9 +108,10 @@ def test_a_resampled_complete_trial_reports_its_stored_value_of_every_metric(tmp
 
 
 def test_bf16_training_attends_its_bf16_inputs_in_float32_on_the_cpu(monkeypatch):
-    """PyTorch's bf16 attention backward on the CPU is several times float32's, so a bf16 training step attends the
-    bf16-rounded queries, keys and values in float32 (as flash attention accumulates them): the output matches a
-    float64 attention of those rounded inputs far inside bf16's rounding."""
+    """PyTorch's bf16 attention backward on the CPU takes several times float32's, so a bf16 training step attends
+    the bf16-rounded queries, keys and values in float32 (as flash attention accumulates them): the output matches a
+    float64 attention of those rounded inputs far inside bf16's rounding. A bf16 reading (no gradient) keeps bf16
+    attention, whose forward is the faster."""
     from study.models.block import Attention
 
     torch.manual_seed(0)
@@ -134,3 +135,6 @@ def test_bf16_training_attends_its_bf16_inputs_in_float32_on_the_cpu(monkeypatch
     want = torch.softmax(q64 @ k64.transpose(-1, -2) / math.sqrt(q.shape[-1]), -1) @ v64
     assert (seen["out"].detach().double() - want).abs().max() < 1e-5
     assert x.grad is not None and torch.isfinite(x.grad).all()
+    with torch.no_grad():  # a bf16 reading: the model's own copy in bf16, no autocast
+        out = attn.to(torch.bfloat16)(x.detach().to(torch.bfloat16))
+    assert out.dtype == torch.bfloat16 and all(t.dtype == torch.bfloat16 for t in seen["in"])

@@ -97,11 +97,13 @@ class Attention(nn.Module):
             cos, sin = self.rope_tables(S, D // self.heads, x.device)
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         if x.device.type == "cpu" and torch.is_grad_enabled() and (
-                torch.is_autocast_enabled("cpu") or v.dtype == torch.bfloat16):
-            # PyTorch's bf16 attention backward on the CPU runs 2-9x slower than float32's (bench/precision.py):
-            # the same bf16-rounded inputs, attended in float32, as flash attention accumulates them
+                v.dtype == torch.bfloat16 or torch.is_autocast_enabled("cpu")):
+            # PyTorch's bf16 attention backward on the CPU takes several times float32's (at the showcase's size:
+            # bench/precision.py, part 4; its forward alone is faster in bf16, so readings keep it): the bf16-rounded
+            # inputs attended in float32, as flash attention accumulates them, and the output rounded to bf16
             with torch.autocast("cpu", enabled=False):
                 y = F.scaled_dot_product_attention(*(t.to(torch.bfloat16).float() for t in (q, k, v)))
+            y = y.to(torch.bfloat16)
         else:
             y = F.scaled_dot_product_attention(q, k, v)  # non-causal: every cell sees the whole board
         return self.proj(y.transpose(1, 2).reshape(B, S, D))
