@@ -5,7 +5,7 @@ Random weights, nested reasoner H6 L12 n_layers 2 (26 layers per outer cycle), r
   (CUDA: allocated bytes; CPU: resident set size). full_attnres (O(T^2) time) gets its own shallower depths.
 - Time: carry_last and InfiLoop roll out side by side in one process, taking turns every `--chunk` outer cycles,
   so both see the same machine; InfiLoop's time ratio is the median over turns (side_by_side says why), with the
-  ratio of totals beside it.
+  ratio of totals beside it; with --repeats N, the median of N such timings, each of freshly built models.
 The last line printed is JSON.
 
   python bench/depth.py                      # CPU-small defaults
@@ -162,6 +162,9 @@ def main() -> None:
     p.add_argument("--attnres-depths", type=int, nargs="+", default=[260, 520, 1040, 2080],
                    help="full_attnres is O(T^2) in time: its own, shallower readings (memory growth shows early)")
     p.add_argument("--chunk", type=int, default=2, help="outer cycles per turn in the side-by-side timing")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="side-by-side timings, each of fresh models; the ratio is the median of their medians (a "
+                        "process's memory layout can favour one rule for a whole timing)")
     p.add_argument("--time-only", action="store_true",
                    help="only the side-by-side timing (skips the memory runs: a third of the time)")
     p.add_argument("--one", help=argparse.SUPPRESS)
@@ -182,7 +185,9 @@ def main() -> None:
               f"state {last['state_bytes'] / 2**20:8.2f} MiB, memory {last['memory_bytes'] / 2**20:8.1f} MiB",
               file=sys.stderr)
     # Time: the pair side by side in this process.
-    timed, median_ratio = side_by_side(args)
+    repeats = [side_by_side(args) for _ in range(max(1, args.repeats))]
+    timed = repeats[-1][0]
+    median_ratio = statistics.median(r for _, r in repeats)
 
     def at(readings, depth, key):
         return next(r[key] for r in readings if r["depth_layers"] == depth)
@@ -191,10 +196,11 @@ def main() -> None:
     summary = {
         "bench": "depth",
         "config": {k: getattr(args, k) for k in ("device", "dtype", "hidden", "heads", "grid", "batch", "threads",
-                                                 "chunk")},
+                                                 "chunk", "repeats")},
         "side_by_side": timed,
         "alone": alone,
         "infiloop_time_ratio_vs_carry_last": median_ratio,
+        "infiloop_time_ratio_per_repeat": [r for _, r in repeats],
         "infiloop_time_ratio_of_totals": at(timed["infiloop"], deep, "seconds")
         / at(timed["carry_last"], deep, "seconds"),
     }

@@ -59,18 +59,20 @@ def x(v: float) -> str:
 
 
 BENCHES = [
-    Bench("depth", ["bench/depth.py", "--time-only", "--depths", "1040", "5200"],
+    Bench("depth", ["bench/depth.py", "--time-only", "--repeats", "5", "--depths", "1040", "5200"],
           "InfiLoop (both axes) rollout time vs carry_last to 5,200 layers (H6 L12, hidden 64, 4x4, batch 8, 1 "
-          "thread), side by side in one process: median over turns of 2 outer cycles; the no-gradient CPU step is one "
-          "fused kernel (study/models/infiloop_kernel.py)", "<= 1.03x",
+          "thread), side by side in one process: median over turns of 2 outer cycles, median of 5 such timings; the "
+          "no-gradient CPU step is one fused kernel (study/models/infiloop_kernel.py)", "<= 1.03x",
           lambda r: x(r["infiloop_time_ratio_vs_carry_last"])),
-    Bench("depth_b64", ["bench/depth.py", "--time-only", "--depths", "1040", "5200", "--batch", "64"],
+    Bench("depth_b64", ["bench/depth.py", "--time-only", "--repeats", "5", "--depths", "1040", "5200", "--batch",
+                        "64"],
           "the same at batch 64", "<= 1.02x", lambda r: x(r["infiloop_time_ratio_vs_carry_last"])),
-    Bench("depth_bf16", ["bench/depth.py", "--time-only", "--depths", "1040", "5200", "--dtype", "bf16"],
+    Bench("depth_bf16", ["bench/depth.py", "--time-only", "--repeats", "5", "--depths", "1040", "5200", "--dtype",
+                         "bf16"],
           "the same at batch 8 in a bf16 reading (InfiLoop's sums in float32)", "<= 1.02x",
           lambda r: x(r["infiloop_time_ratio_vs_carry_last"])),
-    Bench("depth_b64_bf16", ["bench/depth.py", "--time-only", "--depths", "1040", "5200", "--batch", "64", "--dtype",
-                             "bf16"],
+    Bench("depth_b64_bf16", ["bench/depth.py", "--time-only", "--repeats", "5", "--depths", "1040", "5200", "--batch",
+                             "64", "--dtype", "bf16"],
           "the same at batch 64 in bf16", "<= 1.02x", lambda r: x(r["infiloop_time_ratio_vs_carry_last"])),
     Bench("heap", ["bench/heap.py"],
           "a carry_last rollout (batch 64, 1,560 layers) under glibc malloc's adaptive thresholds vs the fixed ones "
