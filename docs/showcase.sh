@@ -26,8 +26,10 @@ loopstudy table compare --study cpu_trm_factors_added "${S[@]}" --baseline trm_l
 
 # -- The published models with each carry rule, read to 24,960 layers in bf16 ------------------------------------------
 loopstudy run search_spaces/cpu/published_rules.yaml "${S[@]}" --no-plot
+RULES=()  # the trained settings (the readouts below add settings of their own)
+for arch in trm_att trm_mlp; do for rule in carry_last damped infiloop; do RULES+=("$arch rule=$rule"); done; done
 loopstudy table depth --study cpu_published_rules "${S[@]}" --wide "${M[@]}"
-loopstudy plot depth --study cpu_published_rules "${S[@]}" --figures docs/figures
+loopstudy plot depth --study cpu_published_rules "${S[@]}" --settings "${RULES[@]}" --figures docs/figures
 for arch in trm_att trm_mlp; do
   for depth in 48 24960; do
     loopstudy table compare --study cpu_published_rules "${S[@]}" --baseline "$arch rule=carry_last" \
@@ -55,7 +57,7 @@ for rule in carry_last damped infiloop; do  # each halting readout minus the sam
 done
 loopstudy table pareto --study cpu_published_rules "${S[@]}" "${M[@]}"
 loopstudy table pareto --study cpu_published_rules "${S[@]}" --settings "${FRONT[@]}" "${M[@]}"  # TRM-Att's front
-loopstudy plot pareto --study cpu_published_rules "${S[@]}" --figures docs/figures
+loopstudy plot pareto --study cpu_published_rules "${S[@]}" --settings "${FRONT[@]}" --figures docs/figures
 loopstudy table stability --study cpu_published_rules "${S[@]}" "${M[@]}"
 loopstudy table perturbation --study cpu_published_rules "${S[@]}" "${M[@]}"
 

@@ -146,3 +146,30 @@ def test_published_numbers_never_join_a_4x4_sudoku_study(tmp_path):
                     if "[paper" in t.get_text()]
     finally:
         plt.close(fig)
+
+
+def test_plot_settings_draws_those_settings_only_and_names_the_study_s_settings_for_an_unknown_one(many, tmp_path):
+    ctx = tables.load_context(many, "many").only(("variant_1", "variant_3"))
+    fig = figures.draw(ctx, "depth", figures.Style())
+    try:
+        drawn = {t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()}
+    finally:
+        plt.close(fig)
+    assert drawn == {"variant_1", "variant_3"}
+    files = figures.plot(many, "many", "depth", tmp_path, settings=("variant_1", "variant_3"))
+    assert {f.suffix for f in files} == {".png", ".pdf"} and all(f.stat().st_size for f in files)
+    with pytest.raises(figures.AnalysisError, match="'nope'.*variant_0; variant_1"):
+        figures.plot(many, "many", "depth", tmp_path, settings=("variant_1", "nope"))
+
+
+def test_a_legend_of_long_reading_names_below_a_panel_takes_one_column(tmp_path):
+    store = Store(tmp_path)
+    names = [f"arch rule=r{i} depths=[12, 48, 192, 468, 1872] halting=true halting_rule=q_head" for i in range(6)]
+    write_study(store, "long", names)
+    fig = figures.draw(tables.load_context(store, "long"), "depth", figures.Style())
+    try:
+        below = [ax.get_legend() for ax in fig.axes if ax.get_legend() and len(ax.get_legend().get_texts()) > 4]
+        fig.canvas.draw()  # one column: every entry's text starts at the same x
+        assert below and all(len({round(t.get_window_extent().x0) for t in leg.get_texts()}) == 1 for leg in below)
+    finally:
+        plt.close(fig)

@@ -43,6 +43,7 @@ matplotlib.rcParams.update({"pdf.fonttype": 42, "ps.fonttype": 42, "svg.hashsalt
 
 MAX_LEGEND = 8  # entries per axes; more settings are faceted into panels
 LEGEND_INSIDE = 4  # entries a legend may have inside its axes; a longer one goes below them
+LEGEND_TWO_COLUMNS = 40  # the longest name a legend below a panel fits in two columns (font size 7)
 
 
 @dataclass
@@ -300,7 +301,10 @@ def draw(ctx: Context, kind: str, style: Style):
             if beside:
                 ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
             elif entries > LEGEND_INSIDE:  # below the axes: inside, "best" still hides some line of a busy panel
-                ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
+                # two columns of long names (readings `evaluate` added) would run into the next panel's
+                wide = max(map(len, ax.get_legend_handles_labels()[1])) > LEGEND_TWO_COLUMNS
+                ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=1 if wide else 2,
+                          frameon=False)
             elif entries:
                 ax.legend(fontsize=7, loc="best")
         for ax in list(axes.flat)[len(groups):]:
@@ -330,10 +334,11 @@ class Figures(list):
 
 def plot(store: Store, study: str, kind: str, out: str | Path, skip_bad: bool = False,
          ctx: Context | None = None, include_stale: bool = False, paper: bool = False,
-         only_changed: bool = False) -> Figures:
+         only_changed: bool = False, settings: tuple[str, ...] | None = None) -> Figures:
     """Write figure `kind` (or 'all': each that applies to the study) as PNG and PDF into `out`; returns the
     files. paper: published markers may widen the axes. only_changed: redraw nothing when the study's trials are
-    the same as when these figures were drawn."""
+    the same as when these figures were drawn. settings: draw these settings only (None: every one, the readings
+    `loopstudy evaluate` added included)."""
     kinds = list(FIGURES) if kind == "all" else [kind]
     for k in kinds:
         if k not in FIGURES:
@@ -342,8 +347,9 @@ def plot(store: Store, study: str, kind: str, out: str | Path, skip_bad: bool = 
     if out.exists() and not out.is_dir():
         raise AnalysisError(f"--figures {out} is a file; give a folder (it is created if missing)")
     ctx = ctx or load_context(store, study, skip_bad, include_stale)
-    settings = sorted(ctx.trials["setting"].unique().to_list())
-    style = Style({s: f"C{i % 10}" for i, s in enumerate(settings)}, paper)
+    if settings is not None:
+        ctx = ctx.only(settings)
+    style = Style({s: f"C{i % 10}" for i, s in enumerate(sorted(ctx.trials["setting"].unique().to_list()))}, paper)
     stamp, mark = fingerprint(ctx, kinds, style), out / f".{study}.figures.json"
     if only_changed and mark.is_file():
         was = json.loads(mark.read_text())

@@ -49,14 +49,7 @@ def pareto(ctx: Context, frontier: Frontier = Frontier()) -> pl.DataFrame:
     """The front of accuracy (max) against FLOPs per sample (min) over the study's readings, cheapest first; with
     a budget, the most accurate reading within it (ties: the cheaper)."""
     metric = frontier.metric or ctx.headline[0]
-    df = points(ctx, metric)
-    if frontier.settings is not None:
-        known = set(df["setting"].to_list())
-        unknown = [s for s in frontier.settings if s not in known]
-        if unknown:
-            raise AnalysisError(f"--settings {', '.join(map(repr, unknown))}: no reading of study {ctx.study!r} has "
-                                "that setting; its settings: " + "; ".join(sorted(known)))
-        df = df.filter(pl.col("setting").is_in(frontier.settings))
+    df = points(ctx.only(frontier.settings) if frontier.settings is not None else ctx, metric)
     acc, flops = f"{metric}_mean", "flops_mean"
     df = df.with_columns(pl.Series("front", nondominated(df.select(acc, flops).to_numpy(), [True, False])))
     df = df.select("setting", "depth_layers", pl.col("eff_layers_mean").alias("eff_layers"), flops, "flops_ci95",

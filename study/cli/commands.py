@@ -310,8 +310,8 @@ def cmd_plot(args: argparse.Namespace) -> int:
     from study.analysis.figures import plot
 
     files = plot(_store(args.store), args.study, args.kind, args.figures or figures_dir(args.store),
-                 skip_bad=args.skip_bad,
-                 include_stale=args.all, paper=args.paper)
+                 skip_bad=args.skip_bad, include_stale=args.all, paper=args.paper,
+                 settings=tuple(args.settings) if args.settings else None)
     for f in files:
         print(f)
     return 0

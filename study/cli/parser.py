@@ -240,6 +240,8 @@ def add_tables(sub, parent: argparse.ArgumentParser) -> None:
                      help="output folder (default: <store>/figures, beside the tables; --out is the same option)")
     pl_.add_argument("--paper", action="store_true", help="show every published marker, even outside the measured "
                      "range (default: only inside it)")
+    pl_.add_argument("--settings", nargs="+", metavar="SETTING", help="draw only these settings (default: every "
+                     "one, the readings `loopstudy evaluate` added included)")
     pl_.set_defaults(func=cmd.cmd_plot)
 
     q = sub.add_parser("query", parents=[parent], help="SQL (DuckDB) over all tables, sandboxed",
