@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The CPU showcase (docs/results.md): every study on the page, on the embedded Ray, then every table and figure the
 # page shows, from the stored Parquet alone, in the page's order. Wall times on 2 cores are on the page beside each
-# study: about six and a half hours in all; the published models' four studies come first and take about three and
-# a quarter (the paired overthinking study another hour and a half).
+# study: about six hours in all; the published models' four studies come first and take about three (the paired
+# overthinking study another hour and a half).
 # Interrupted? Run it again: trials and readings complete in storage are skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."

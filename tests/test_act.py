@@ -180,10 +180,10 @@ def test_hrms_one_step_gradient_flows_through_the_last_inner_update_and_the_oute
         for h in range(2):
             for i in range(3):
                 if (h, i) != (1, 2):
-                    z = model.block(z + y + x)
+                    z = model.block(z + (y + x))  # HRM's order: z_L + (z_H + x)
             if h == 0:
                 y = model.h_block(y + z)
-    z = model.block(z + y + x)
+    z = model.block(z + (y + x))
     model.h_block(y + z).square().sum().backward()
     want = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
     assert set(got) == set(want)

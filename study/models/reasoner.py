@@ -1,6 +1,6 @@
 """The two loop structures (methods.md section 2), stepped one outer cycle / iteration at a time.
 
-Nested (TRM-style), per outer cycle:      for l in 1..L: z = carry_L(f(z + y + x));  y = carry_H(f(y + z))
+Nested (TRM-style), per outer cycle:      for l in 1..L: z = carry_L(f(z + (y + x)));  y = carry_H(f(y + z))
 Flat (FPRM-style), per iteration:         z = carry(a2 * f(z) + b2 * x)   (or carry(f(z + x)) without scaling)
 Without recall (model.recall false, Deep Thinking's overthinking architecture) x enters the initial states only
 (y0 = y_init + x, z0 = z_init + x) and the steps drop it: z = carry_L(f(z + y)); flat z = carry(a2 * f(z)) or
