@@ -7,6 +7,7 @@ import matplotlib.pyplot as plt
 import pytest
 
 from study.analysis import figures, tables
+from study.analysis.selection import only
 from study.config import TrialConfig, to_dict
 from study.store import Store, config_row
 
@@ -149,7 +150,7 @@ def test_published_numbers_never_join_a_4x4_sudoku_study(tmp_path):
 
 
 def test_plot_settings_draws_those_settings_only_and_names_the_study_s_settings_for_an_unknown_one(many, tmp_path):
-    ctx = tables.load_context(many, "many").only(("variant_1", "variant_3"))
+    ctx = only(tables.load_context(many, "many"), ("variant_1", "variant_3"))
     fig = figures.draw(ctx, "depth", figures.Style())
     try:
         drawn = {t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()}

@@ -21,6 +21,7 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullForm
 from study.analysis.figure_kinds import FIGURE_KINDS  # noqa: E402
 from study.analysis.pareto import Frontier, pareto  # noqa: E402
 from study.analysis.published import dt_multiple, published_for, study_task  # noqa: E402
+from study.analysis.selection import only  # noqa: E402
 from study.analysis.tables import (  # noqa: E402
     AnalysisError,
     Context,
@@ -348,7 +349,7 @@ def plot(store: Store, study: str, kind: str, out: str | Path, skip_bad: bool = 
         raise AnalysisError(f"--figures {out} is a file; give a folder (it is created if missing)")
     ctx = ctx or load_context(store, study, skip_bad, include_stale)
     if settings is not None:
-        ctx = ctx.only(settings)
+        ctx = only(ctx, settings)
     style = Style({s: f"C{i % 10}" for i, s in enumerate(sorted(ctx.trials["setting"].unique().to_list()))}, paper)
     stamp, mark = fingerprint(ctx, kinds, style), out / f".{study}.figures.json"
     if only_changed and mark.is_file():

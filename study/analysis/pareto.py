@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from study.analysis.front import nondominated
+from study.analysis.selection import only
 from study.analysis.tables import AnalysisError, Context, aggregate, overall
 
 
@@ -49,7 +50,7 @@ def pareto(ctx: Context, frontier: Frontier = Frontier()) -> pl.DataFrame:
     """The front of accuracy (max) against FLOPs per sample (min) over the study's readings, cheapest first; with
     a budget, the most accurate reading within it (ties: the cheaper)."""
     metric = frontier.metric or ctx.headline[0]
-    df = points(ctx.only(frontier.settings) if frontier.settings is not None else ctx, metric)
+    df = points(only(ctx, frontier.settings) if frontier.settings is not None else ctx, metric)
     acc, flops = f"{metric}_mean", "flops_mean"
     df = df.with_columns(pl.Series("front", nondominated(df.select(acc, flops).to_numpy(), [True, False])))
     df = df.select("setting", "depth_layers", pl.col("eff_layers_mean").alias("eff_layers"), flops, "flops_ci95",

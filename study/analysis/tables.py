@@ -152,18 +152,6 @@ class Context:
         """(column, axis label) of the accuracy the figures draw."""
         return ("puzzle_pass_at_2", "pass@2 (per puzzle)") if self.pooled else ("exact_acc", "exact accuracy")
 
-    def only(self, settings: tuple[str, ...]) -> Context:
-        """The context of these settings alone (`--settings` of pareto and plot); AnalysisError naming the study's
-        settings when one of them is not among them."""
-        known = set(self.trials["setting"].to_list())
-        unknown = [s for s in settings if s not in known]
-        if unknown:
-            raise AnalysisError(f"--settings {', '.join(map(repr, unknown))}: no reading of study {self.study!r} has "
-                                "that setting; its settings: " + "; ".join(sorted(known)))
-        keep = pl.col("setting").is_in(list(settings))
-        kept = self.checkpoints.filter(keep) if self.checkpoints is not None else None
-        return dataclasses.replace(self, trials=self.trials.filter(keep), checkpoints=kept)
-
 
 def load_context(store: Store, study: str, skip_bad: bool = False, include_stale: bool = False) -> Context:
     """The study's complete member trials (study.spec.membership) with their setting labels; include_stale: the
