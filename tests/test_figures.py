@@ -157,8 +157,11 @@ def test_plot_settings_draws_those_settings_only_and_names_the_study_s_settings_
     finally:
         plt.close(fig)
     assert drawn == {"variant_1", "variant_3"}
-    files = figures.plot(many, "many", "depth", tmp_path, settings=("variant_1", "variant_3"))
+    files = figures.plot(many, "many", "depth", tmp_path / "two", settings=("variant_1", "variant_3"))
     assert {f.suffix for f in files} == {".png", ".pdf"} and all(f.stat().st_size for f in files)
+    one = figures.plot(many, "many", "depth", tmp_path / "one", settings=("variant_1",))
+    png = {f.parent.name: f.read_bytes() for f in (*files, *one) if f.suffix == ".png"}
+    assert png["one"] != png["two"]  # plot draws the settings it is given (its PNGs carry no time stamp)
     with pytest.raises(figures.AnalysisError, match="'nope'.*variant_0; variant_1"):
         figures.plot(many, "many", "depth", tmp_path, settings=("variant_1", "nope"))
 

@@ -94,7 +94,6 @@ def test_fixed_initial_states_are_saved_buffers_not_trained():
     assert {"y_init", "z_init"} <= set(model.state_dict())
 
 
-
 def test_each_inner_update_reads_z_l_plus_the_sum_of_z_h_and_x_in_trms_order():
     """reference_models.md: z_L = module(z_L, z_H + x), the module adding its injection once. In float32 the order
     shows: (z_L + z_H) + x rounds differently from z_L + (z_H + x) in some elements of these random states."""

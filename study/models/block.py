@@ -96,7 +96,7 @@ class Attention(nn.Module):
         if self.rope:
             cos, sin = self.rope_tables(S, D // self.heads, x.device)
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-        if x.device.type == "cpu" and torch.is_grad_enabled() and (
+        if torch.is_grad_enabled() and x.device.type == "cpu" and (  # a reading's no-grad step leaves at the first test
                 v.dtype == torch.bfloat16 or torch.is_autocast_enabled("cpu")):
             # PyTorch's bf16 attention backward on the CPU takes several times float32's (at the showcase's size:
             # bench/precision.py, part 4; its forward alone is faster in bf16, so readings keep it): the bf16-rounded
