@@ -125,7 +125,7 @@ def test_fused_cpu_step_matches_the_eager_ops(dtype, content_score):
         assert fused is not None, "the fused kernel did not build here"
         eager = infiloop_update_eager(h, log_d, z, q, log_beta, 2.0)
         tol = 1e-5 if dtype == torch.float32 else 1e-12
-        for got, want in zip(fused, eager, strict=True):
+        for got, want in zip(fused[:4], eager, strict=True):
             torch.testing.assert_close(got, want, atol=tol, rtol=tol)
 
 
@@ -142,10 +142,10 @@ def test_a_bf16_candidate_beside_float32_states_is_widened_exactly_as_it_is_read
     got = fused_step(h, log_d, z, q, log_beta, 2.0, RMS_EPS)
     assert got is not None and got[0].dtype == torch.float32
     want = fused_step(h, log_d, z.float(), q, log_beta, 2.0, RMS_EPS)
-    for a, b in zip(got, want, strict=True):
+    for a, b in zip(got[:4], want[:4], strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
     eager = infiloop_update_eager(h, log_d, z.float(), q, log_beta, 2.0)
-    for a, b in zip(got, eager, strict=True):
+    for a, b in zip(got[:4], eager, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     in_place = fused_step(h.clone(), log_d.clone(), z, q, log_beta, 2.0, RMS_EPS, True)
     torch.testing.assert_close(in_place[0], got[0], atol=0, rtol=0)
@@ -159,7 +159,7 @@ def test_the_fused_step_in_place_writes_the_same_values_over_its_inputs():
     want = fused_step(h, log_d, z, q, log_beta, 8.0, RMS_EPS)
     got = fused_step(h, log_d, z, q, log_beta, 8.0, RMS_EPS, True)
     assert got[0] is h and got[1] is log_d  # written over the previous state
-    for a, b in zip(got, want, strict=True):
+    for a, b in zip(got[:4], want[:4], strict=True):
         torch.testing.assert_close(a, b, atol=0, rtol=0)
 
 
@@ -205,3 +205,66 @@ def test_without_a_compiler_the_step_warns_once_and_stays_eager(tmp_path):
     env = {**os.environ, "CXX": str(tmp_path / "no-such-compiler"), "LOOPSTUDY_KERNEL_CACHE": str(tmp_path)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["1", "True"]
+
+
+@pytest.mark.parametrize("z_dtype,addend_dtype,state_dtype", [
+    (torch.bfloat16, torch.float32, torch.float32),   # a bf16 reading, InfiLoop on both axes
+    (torch.bfloat16, torch.bfloat16, torch.float32),  # ... carry-last on the outer axis (a bf16 y)
+    (torch.float32, torch.float32, torch.float32),
+    (torch.float64, torch.float64, torch.float64),
+])
+@pytest.mark.parametrize("d", [48, 37])
+def test_the_fused_step_writes_the_next_input_as_torch_sums_and_rounds_it(z_dtype, addend_dtype, state_dtype, d):
+    """The next block's input from the fused pass is, bit for bit, `(h + addend).to(z.dtype)` in PyTorch's own ops
+    (round to nearest even into bf16; a NaN stays a NaN), in place or not; the states are the step's without it."""
+    g = torch.Generator().manual_seed(3)
+    z = (torch.randn(6, 9, d, generator=g, dtype=torch.float64) * 3).to(z_dtype)
+    h = torch.randn(6, 9, d, generator=g, dtype=torch.float64).to(state_dtype)
+    addend = (torch.randn(6, 9, d, generator=g, dtype=torch.float64) * 5).to(addend_dtype)
+    addend[0, 0, :3] = torch.tensor([math.nan, math.inf, -math.inf], dtype=addend_dtype)
+    log_d = torch.empty(6, 9, 1, dtype=state_dtype).uniform_(-40, 40, generator=g)
+    q, log_beta = torch.randn(d, generator=g, dtype=state_dtype), torch.tensor(math.log(0.7), dtype=state_dtype)
+    without = fused_step(h, log_d, z, q, log_beta, 2.0, RMS_EPS)
+    assert without is not None and without[4] is None
+    for in_place in (False, True):
+        got = fused_step(h.clone(), log_d.clone(), z, q, log_beta, 2.0, RMS_EPS, in_place, addend)
+        assert got[4].dtype == z_dtype
+        want = (got[0] + addend).to(z_dtype)
+        assert torch.equal(got[4].isnan(), want.isnan())
+        assert torch.equal(got[4].nan_to_num(0.0), want.nan_to_num(0.0))  # NaN-free parts, bit for bit
+        for a, b in zip(got[:4], without[:4], strict=True):
+            assert torch.equal(a, b)
+
+
+def test_a_reading_with_the_fused_next_input_is_bitwise_the_one_with_step_and_sum():
+    """A bf16 reading of an InfiLoop model (both axes; HRM's own H block too) through `step_and_input`'s fused
+    pass gives, at every outer step, bit for bit the states the rule's default (`step`, then the sum) gives."""
+    from study.models import ModelConfig, build_reasoner
+    from study.models.carry import CarryRule
+    from study.models.precision import reading_model
+    from study.tasks import TaskSpec
+
+    class StepThenSum(InfiLoop):  # InfiLoop without its fused next input: the contract's default
+        step_and_input = CarryRule.step_and_input
+
+    for h_layers in (None, 1):
+        torch.manual_seed(0)
+        cfg = ModelConfig(hidden=32, heads=2, n_layers=1, H=2, L=3, h_layers=h_layers,
+                          carry=CarryConfig(rule="infiloop", placement="both"))
+        model = build_reasoner(cfg, TaskSpec("sudoku", 6, 16, (4, 4))).eval()
+        with torch.no_grad():
+            torch.nn.init.normal_(model.carry_inner.q)
+            torch.nn.init.normal_(model.carry_outer.q)
+        tokens = torch.randint(0, 6, (5, 16))
+        states = []
+        for fused in (True, False):
+            reading = reading_model(model, "cpu", "bf16")
+            if not fused:
+                reading.carry_inner.__class__ = StepThenSum
+            seen = []
+            with torch.no_grad():
+                reading.rollout(tokens, 6, on_step=lambda st, seen=seen: seen.append((st.inner.h.clone(),
+                                                                                       st.outer.h.clone())))
+            states.append(seen)
+        for (fi, fo), (ui, uo) in zip(*states, strict=True):
+            assert fi.dtype == torch.float32 and torch.equal(fi, ui) and torch.equal(fo, uo)

@@ -8,7 +8,9 @@ with two calls:
   state = rule.step(state, z, eta)  take candidate z_t (a block output, (B, S, d)); `state.h` (B, S, d) is what the
                                     loop carries on; eta (B,) is FPOpt's damping factor (halting) or None
 `step(..., in_place=True)` says the caller drops `state` and nothing else reads it (an inner loop's own
-intermediate states): a rule may then write the new state into its buffers.
+intermediate states): a rule may then write the new state into its buffers. A reading (no gradient) calls
+`state, inp = rule.step_and_input(state, z, addend, eta)` where the next block reads the new `state.h + addend`;
+its default is `step` and the sum, and a rule may compute both in one pass (InfiLoop's fused step).
 The per-iteration state lives in a `CarryState` (never in the module): `h` and an `aux` dict of tensors with the
 batch first, so rollouts are re-entrant, can be detached between updates and frozen per sample when halting.
 `no_weight_decay = True` exempts the rule's parameters from weight decay. Its FLOPs are counted by running it
@@ -64,24 +66,28 @@ def infiloop_update(
     log_beta: torch.Tensor,
     clip: float = 8.0,
     in_place: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    addend: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """One step of the InfiLoop recursion in log space (methods.md section 3).
 
     s_t = min(q . RMSNorm(z_t), clip); log D_t = logaddexp(log beta + log D_{t-1}, s_t);
     gamma_t = exp(s_t - log D_t) = e_t / (beta D_{t-1} + e_t);  h_t = h_{t-1} + gamma_t (z_t - h_{t-1}).
     Carrying (h, log D) instead of raw (N, D) keeps it finite for beta >= 1 over any number of steps.
     q=None drops the content score (s_t = 0: decay-only weights, an ablation point).
-    Returns (h_t, log D_t, gamma_t, s_t); gamma and s have a trailing dim of 1. Without gradient on the CPU this
-    is one fused kernel (infiloop_kernel.py), which in_place writes h_t and log D_t over h_prev and log_d_prev;
-    elsewhere the eager ops of `infiloop_update_eager`, always out of place.
+    Returns (h_t, log D_t, gamma_t, s_t, next); gamma and s have a trailing dim of 1; next is h_t + addend, the next
+    block's input (None without an addend). Without gradient on the CPU this is one fused kernel
+    (infiloop_kernel.py), which in_place writes h_t and log D_t over h_prev and log_d_prev and writes next rounded
+    to z's dtype, as the block would round it; elsewhere the eager ops of `infiloop_update_eager`, out of place.
     """
     # The accumulators stay at >= float32 under bf16. The fused step widens a bf16 z as it reads it; the eager
     # one gets a float32 copy (checked, not converted, at float32: this runs every layer, and even a no-op
     # conversion is a trip through the dispatcher).
-    fused = fused_step(h_prev, log_d_prev, z, q, log_beta, clip, RMS_EPS, in_place)
+    fused = fused_step(h_prev, log_d_prev, z, q, log_beta, clip, RMS_EPS, in_place, addend)
     if fused is not None:
-        return fused
-    return infiloop_update_eager(h_prev, log_d_prev, z if z.dtype in FLOATS else z.float(), q, log_beta, clip)
+        return fused if addend is None or fused[4] is not None else (*fused[:4], fused[0] + addend)
+    h, log_d, gamma, s = infiloop_update_eager(h_prev, log_d_prev, z if z.dtype in FLOATS else z.float(), q,
+                                               log_beta, clip)
+    return h, log_d, gamma, s, None if addend is None else h + addend
 
 
 def infiloop_update_eager(
@@ -121,7 +127,7 @@ def infiloop_scan(
     log_d = torch.full_like(z[0][..., :1], -math.inf)
     hs, gammas = [], []
     for t in range(z.shape[0]):
-        h, log_d, gamma, _ = infiloop_update(h, log_d, z[t], q, log_beta, clip)
+        h, log_d, gamma, _, _ = infiloop_update(h, log_d, z[t], q, log_beta, clip)
         h = h.to(z.dtype)
         hs.append(h)
         gammas.append(gamma)
@@ -145,6 +151,12 @@ class CarryRule(nn.Module, metaclass=abc.ABCMeta):
     def step(self, state: CarryState, z: torch.Tensor, eta: torch.Tensor | None = None, *,
              in_place: bool = False) -> CarryState:
         """The axis's state after candidate z (see the module docstring)."""
+
+    def step_and_input(self, state: CarryState, z: torch.Tensor, addend: torch.Tensor,
+                       eta: torch.Tensor | None = None, *, in_place: bool = False) -> tuple[CarryState, torch.Tensor]:
+        """`step`, and the next block's input, the new `state.h + addend` (see the module docstring)."""
+        new = self.step(state, z, eta, in_place=in_place)
+        return new, new.h + addend
 
 
 class CarryLast(CarryRule):
@@ -179,9 +191,17 @@ class InfiLoop(CarryRule):
 
     def step(self, state: CarryState, z: torch.Tensor, eta: torch.Tensor | None = None, *,
              in_place: bool = False) -> CarryState:
-        h, log_d, gamma, s = infiloop_update(state.h, state.aux["log_d"], z, self.q, self.log_beta, self.clip,
-                                             in_place)
-        return CarryState(h, {"log_d": log_d, "gamma": gamma, "score": s})
+        return self._update(state, z, in_place, None)[0]
+
+    def step_and_input(self, state: CarryState, z: torch.Tensor, addend: torch.Tensor,
+                       eta: torch.Tensor | None = None, *, in_place: bool = False) -> tuple[CarryState, torch.Tensor]:
+        return self._update(state, z, in_place, addend)  # the fused step writes the input with the state
+
+    def _update(self, state: CarryState, z: torch.Tensor, in_place: bool, addend: torch.Tensor | None
+                ) -> tuple[CarryState, torch.Tensor | None]:
+        h, log_d, gamma, s, nxt = infiloop_update(state.h, state.aux["log_d"], z, self.q, self.log_beta, self.clip,
+                                                  in_place, addend)
+        return CarryState(h, {"log_d": log_d, "gamma": gamma, "score": s}), nxt
 
 
 class FullAttnRes(CarryRule):

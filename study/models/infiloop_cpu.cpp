@@ -8,6 +8,8 @@
 // Forward only: carry.py calls it when no gradient is recorded (rollouts and evaluation). Under a bf16 reading the
 // candidate z arrives in bf16 and the state in float32: z is widened as it is read (bf16 is float32's top half),
 // which spares a whole widened copy of z per layer.
+// With an addend (a reading: the next block's input is the new state plus the addend), the step also writes that
+// sum, rounded to z's dtype (the block's), from the same pass: as `(h + addend).to(z.dtype)` computes it, bit for bit.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/EmptyTensor.h>
@@ -23,9 +25,10 @@
 
 namespace {
 
-template <typename T, typename Z = T>
+template <typename T, typename Z = T, typename A = T>
 struct Rows {
   const Z* z;       // (rows, d) candidates, in T or (for float32 states) bf16
+  const A* addend;  // (rows, d) the next input's addend, in T or (for float32 states) bf16; or null
   const T* h;       // (rows, d) carried states
   const T* log_d;   // (rows) accumulators
   const T* q;       // (d) pseudo-query, or null: s = 0
@@ -35,6 +38,7 @@ struct Rows {
   T* log_d_out;     // (rows)
   T* gamma_out;     // (rows)
   T* score_out;     // (rows)
+  Z* next_out;      // (rows, d) h_out + addend in z's dtype, or null (without an addend)
 };
 
 // exp(x) for x <= 0 and log1p(t) for t in [0, 1] as straight-line float code (Cephes' expf and logf polynomials,
@@ -77,6 +81,17 @@ inline float widen(at::BFloat16 v) {
 }
 inline float widen(float v) { return v; }
 inline double widen(double v) { return v; }
+
+// float32 -> bf16 as PyTorch rounds it (c10's round_to_nearest_even): to nearest, ties to even; NaN to 0x7FC0.
+inline at::BFloat16 narrow(float v, at::BFloat16*) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  at::BFloat16 out;
+  out.x = std::isnan(v) ? uint16_t{0x7FC0} : static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+  return out;
+}
+inline float narrow(float v, float*) { return v; }
+inline double narrow(double v, double*) { return v; }
 
 // q . z and z . z of one row. The float version keeps its partial sums in registers and folds them with shuffles:
 // the compiler's own reduction spills its accumulators to the stack and reads them back lane by lane, which cost
@@ -136,8 +151,8 @@ inline void row_sums(const double* q, const double* z, int64_t d, double& dot, d
   }
 }
 
-template <typename T, typename Z>
-void step_block(const Rows<T, Z>& p, int64_t begin, int64_t end) {
+template <typename T, typename Z, typename A>
+void step_block(const Rows<T, Z, A>& p, int64_t begin, int64_t end) {
   const int64_t d = p.d;
   T* score = p.score_out;
   for (int64_t r = begin; r < end; ++r) {  // the content score: two sums over the row
@@ -166,21 +181,32 @@ void step_block(const Rows<T, Z>& p, int64_t begin, int64_t end) {
     const Z* z = p.z + r * d;
     const T* h = p.h + r * d;
     T* out = p.h_out + r * d;
+    if (p.next_out == nullptr) {
 #pragma omp simd
-    for (int64_t i = 0; i < d; ++i) out[i] = h[i] + g * (widen(z[i]) - h[i]);
+      for (int64_t i = 0; i < d; ++i) out[i] = h[i] + g * (widen(z[i]) - h[i]);
+    } else {  // ... and the next block's input, h + addend, in z's dtype
+      const A* a = p.addend + r * d;
+      Z* next = p.next_out + r * d;
+#pragma omp simd
+      for (int64_t i = 0; i < d; ++i) {
+        const T v = h[i] + g * (widen(z[i]) - h[i]);
+        out[i] = v;
+        next[i] = narrow(v + widen(a[i]), next);
+      }
+    }
   }
 }
 
 // A few rows at a time, so the update's second read of z comes from L1 rather than from L2.
-template <typename T, typename Z>
-void step_rows(const Rows<T, Z>& p, int64_t begin, int64_t end) {
+template <typename T, typename Z, typename A>
+void step_rows(const Rows<T, Z, A>& p, int64_t begin, int64_t end) {
   const int64_t block = std::max<int64_t>(1, 4096 / static_cast<int64_t>(sizeof(Z)) / p.d);  // 4 KiB of z
   for (int64_t b = begin; b < end; b += block) step_block(p, b, std::min(b + block, end));
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> infiloop_step(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> infiloop_step(
     const at::Tensor& h_prev, const at::Tensor& log_d_prev, const at::Tensor& z, const std::optional<at::Tensor>& q,
-    const at::Tensor& log_beta, double clip, double eps, bool in_place) {
+    const at::Tensor& log_beta, double clip, double eps, bool in_place, const std::optional<at::Tensor>& addend) {
   TORCH_CHECK(z.sizes() == h_prev.sizes(), "infiloop_step: h_prev and z differ in shape");
   const bool narrow_z = z.scalar_type() == at::kBFloat16 && h_prev.scalar_type() == at::kFloat;
   TORCH_CHECK((narrow_z || z.dtype() == h_prev.dtype()) && h_prev.dtype() == log_d_prev.dtype(),
@@ -193,6 +219,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> infiloop_step(
   const at::Tensor zc = z.contiguous(), hc = h_prev.contiguous(), lc = log_d_prev.contiguous();
   TORCH_CHECK(!in_place || !hc.is_same(zc), "infiloop_step: in place, h_prev must not be z");
   const at::Tensor qc = q.has_value() ? q->contiguous() : at::Tensor();
+  const bool narrow_a = addend.has_value() && addend->scalar_type() == at::kBFloat16 && h_prev.scalar_type() == at::kFloat;
+  TORCH_CHECK(!addend.has_value() || (addend->sizes() == z.sizes() && (narrow_a || addend->dtype() == h_prev.dtype())),
+              "infiloop_step: addend must be z's shape, in the states' dtype (or bf16 beside float32 states)");
+  const at::Tensor ac = addend.has_value() ? addend->contiguous() : at::Tensor();
   // Straight from the CPU allocator: through the dispatcher (at::empty), the four allocations cost about as much
   // as the step's arithmetic at batch 8. at::detail::empty_cpu is ATen's own CPU allocation path, outside its
   // stable API: torch is pinned (pyproject) and the built library is keyed by torch's version.
@@ -205,6 +235,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> infiloop_step(
   at::Tensor log_d = in_place ? lc : at::Tensor(at::detail::empty_cpu(shape, dtype, false, std::nullopt));
   at::Tensor gamma = at::detail::empty_cpu(shape, dtype, false, std::nullopt);
   at::Tensor score = at::detail::empty_cpu(shape, dtype, false, std::nullopt);
+  at::Tensor next = ac.defined() ? at::Tensor(at::detail::empty_cpu(zc.sizes(), zc.scalar_type(), false, std::nullopt))
+                                 : at::Tensor();
   const auto run = [&](const auto& p) {
     // Threads only past ~32k elements: below that, waking them costs more than the work (and a direct call runs
     // less code between the model's blocks than parallel_for's inline path).
@@ -215,21 +247,28 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> infiloop_step(
       at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) { step_rows(p, begin, end); });
     }
   };
-  // The rows of one dtype pair: states, accumulators and outputs in T, candidates in Z.
-  const auto rows_of = [&](auto t, auto z_type) {
+  // The rows of one dtype triple: states, accumulators and outputs in T, candidates (and the next input) in Z, the
+  // addend in A.
+  const auto rows_of = [&](auto t, auto z_type, auto a_type) {
     using T = decltype(t);
     using Z = decltype(z_type);
-    return Rows<T, Z>{zc.const_data_ptr<Z>(), hc.const_data_ptr<T>(), lc.const_data_ptr<T>(),
-                      qc.defined() ? qc.const_data_ptr<T>() : nullptr, *log_beta.const_data_ptr<T>(),
-                      static_cast<T>(clip), static_cast<T>(eps), d, h.data_ptr<T>(), log_d.data_ptr<T>(),
-                      gamma.data_ptr<T>(), score.data_ptr<T>()};
+    using A = decltype(a_type);
+    return Rows<T, Z, A>{zc.const_data_ptr<Z>(), ac.defined() ? ac.const_data_ptr<A>() : nullptr,
+                         hc.const_data_ptr<T>(), lc.const_data_ptr<T>(),
+                         qc.defined() ? qc.const_data_ptr<T>() : nullptr, *log_beta.const_data_ptr<T>(),
+                         static_cast<T>(clip), static_cast<T>(eps), d, h.data_ptr<T>(), log_d.data_ptr<T>(),
+                         gamma.data_ptr<T>(), score.data_ptr<T>(), next.defined() ? next.data_ptr<Z>() : nullptr};
   };
-  if (narrow_z) {
-    run(rows_of(float{}, at::BFloat16{}));
+  if (narrow_z && narrow_a) {
+    run(rows_of(float{}, at::BFloat16{}, at::BFloat16{}));
+  } else if (narrow_z) {
+    run(rows_of(float{}, at::BFloat16{}, float{}));
+  } else if (narrow_a) {
+    run(rows_of(float{}, float{}, at::BFloat16{}));
   } else {
-    AT_DISPATCH_FLOATING_TYPES(dtype, "infiloop_step", [&] { run(rows_of(scalar_t{}, scalar_t{})); });
+    AT_DISPATCH_FLOATING_TYPES(dtype, "infiloop_step", [&] { run(rows_of(scalar_t{}, scalar_t{}, scalar_t{})); });
   }
-  return {h, log_d, gamma, score};
+  return {h, log_d, gamma, score, next};
 }
 
 }  // namespace
@@ -238,5 +277,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> infiloop_step(
 // boxed dispatch, which matters at one call per layer.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("infiloop_step", &infiloop_step,
-        "One InfiLoop step: (h, log D, gamma, score); in_place: h and log D written over h_prev and log_d_prev");
+        "One InfiLoop step: (h, log D, gamma, score, next); in_place: h and log D written over h_prev and log_d_prev; "
+        "next: h + addend in z's dtype (None without an addend)");
 }

@@ -3,12 +3,16 @@
 Eager PyTorch spends about 13 small kernels on one InfiLoop step; at the model's sizes each costs more in dispatch
 than in work, which made InfiLoop's rollouts ~8% slower than carry-last's. The fused step reads each token's row
 once, in one call. Contract:
-- `fused_step(h_prev, log_d_prev, z, q, log_beta, clip, eps, in_place)` returns what
-  carry.infiloop_update_eager returns (in place: h and log D written over h_prev and log_d_prev), or None where
-  it does not apply: a gradient is being recorded (the kernel has no backward), a tensor is
-  not on the CPU (on GPUs the eager kernels queue asynchronously, so their launch cost is hidden), or the tensors
-  are not all float32 or all float64. One mix is taken: a bf16 candidate z beside float32 states (a bf16
-  reading), widened as it is read.
+- `fused_step(h_prev, log_d_prev, z, q, log_beta, clip, eps, in_place, addend)` returns what
+  carry.infiloop_update_eager returns (in place: h and log D written over h_prev and log_d_prev) and, fifth, the
+  next block's input `h + addend` rounded to z's dtype (None without an addend); or None where it does not apply:
+  a gradient is being recorded (the kernel has no backward), a tensor is not on the CPU (on GPUs the eager kernels
+  queue asynchronously, so their launch cost is hidden), or the tensors are not all float32 or all float64. One mix
+  is taken: a bf16 candidate z or addend beside float32 states (a bf16 reading), widened as it is read. An addend
+  of another shape than z's (broadcast) is left to the caller: the fifth value is then None.
+- The next input is the one saving a bf16 reading needs: InfiLoop's float32 state plus the loop's float32 addend,
+  summed and rounded to bf16 for the block as its own ops would (bit for bit), in the pass that writes the state,
+  instead of a float32 sum and a cast of it, two more passes over the rows at every layer.
 - The library is built once per source, torch version and CPU (it is tuned to the CPU it is built on) into
   `$LOOPSTUDY_KERNEL_CACHE` (default `$XDG_CACHE_HOME/loopstudy/kernels`, else `~/.cache/loopstudy/kernels`), in
   about 30 s. Processes starting together (Ray workers) wait on a lock file while one builds, and the library is
@@ -119,15 +123,20 @@ def fused_step(
     clip: float,
     eps: float,
     in_place: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    addend: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
     """The fused step, or None where it does not apply (see the module docstring)."""
     # Written out rather than looped: this runs at every layer of every rollout, and each check costs time there.
     if torch.is_grad_enabled() and (z.requires_grad or h_prev.requires_grad or log_d_prev.requires_grad
-                                    or log_beta.requires_grad or (q is not None and q.requires_grad)):
+                                    or log_beta.requires_grad or (q is not None and q.requires_grad)
+                                    or (addend is not None and addend.requires_grad)):
         return None
     dtype = h_prev.dtype
     if (not z.is_cpu or dtype not in FLOATS or (z.dtype != dtype and not (z.dtype == BF16 and dtype == FP32))
             or log_d_prev.dtype != dtype or log_beta.dtype != dtype or (q is not None and q.dtype != dtype)):
         return None
+    if addend is not None and (addend.shape != z.shape or not addend.is_cpu or (
+            addend.dtype != dtype and not (addend.dtype == BF16 and dtype == FP32))):
+        addend = None  # the caller sums it
     op = kernel()
-    return None if op is None else op(h_prev, log_d_prev, z, q, log_beta, clip, eps, in_place)
+    return None if op is None else op(h_prev, log_d_prev, z, q, log_beta, clip, eps, in_place, addend)

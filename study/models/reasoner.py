@@ -253,13 +253,19 @@ class NestedReasoner(Reasoner):
         grad_on = torch.is_grad_enabled()
         # TRM's order, z_L + (z_H + x): y + x is fixed over the inner loop, so it is summed once
         yx = y if x is None else y + x
+        inp = inner.h + yx
         for i in range(L):
-            inp = inner.h + yx
+            addend = yx if i < L - 1 else y  # the next block reads the new inner state plus this
             # model.inner_grad_steps: only the last inner steps keep gradient (HRM's one-step gradient: 1)
             with torch.set_grad_enabled(grad_on and i >= L - graded):
                 # From the second inner step on, `inner` is this loop's own: the step may overwrite it.
-                inner = self.carry_inner.step(inner, self.block(inp), eta, in_place=i > 0)
-        cand = (self.h_block if self.h_block is not None else self.block)(y + inner.h)
+                if grad_on:
+                    inner = self.carry_inner.step(inner, self.block(inp), eta, in_place=i > 0)
+                else:  # a reading: the rule may write the next input in the pass that writes its state
+                    inner, inp = self.carry_inner.step_and_input(inner, self.block(inp), addend, eta, in_place=i > 0)
+            if grad_on:  # the sum keeps its gradient to y and x even where the step above has none
+                inp = inner.h + addend
+        cand = (self.h_block if self.h_block is not None else self.block)(inp)
         residual = relative_residual(y, cand, self.cfg.halting.eps)
         outer = self.carry_outer.step(state.outer, cand, eta)
         return LoopState(outer, inner, state.halt, state.steps), residual
