@@ -93,7 +93,8 @@ BENCHES = [
           "hidden 256): samples per second, and the share of a 2-worker step waiting on the gradient exchange",
           ">= 1.7x", lambda r: f"{x(r['speedup'])}; exchange {100 * r['exchange_share']:.1f}% of a step"),
     Bench("eval_readings", ["bench/eval_readings.py"],
-          "one rollout read at 5 depths vs a rollout to the deepest alone", "<= 1.05x", lambda r: x(r["ratio"])),
+          "one rollout read at 5 depths vs a rollout to the deepest alone: the median over 7 rounds, each timing the "
+          "two back to back in alternating order", "<= 1.05x", lambda r: x(r["ratio"])),
     Bench("eval_readings_bf16", ["bench/eval_readings.py", "--dtype", "bf16"],
           "the same in a bf16 reading", "<= 1.05x", lambda r: x(r["ratio"])),
     Bench("orchestration", ["bench/orchestration.py"],
