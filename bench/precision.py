@@ -9,8 +9,9 @@ Side by side in one run:
   3. a training step of that model (one supervision step, `Trainer.train_batch`), fp32 and bf16 (train.dtype):
      its FLOPs (torch.utils.flop_counter, forward and backward) over its best time.
   4. the CPU showcase's size (search_spaces/cpu/trm_factors.yaml: TRM-Att at hidden 64, 4 heads, H2 L2, 4x4
-     Sudoku, batch 64), where elementwise work and casts, not matmuls, fill a layer: a reading to 1,200 layers of 64
-     puzzles and 40 training steps, fp32 and bf16, and bf16's time over fp32's (above 1: bf16 is slower there).
+     Sudoku, batch 64, one thread as its trials run), where elementwise work and casts, not matmuls, fill a layer: a
+     reading to 1,200 layers of 64 puzzles and 40 training steps, fp32 and bf16, twice each in the order fp32,
+     bf16, bf16, fp32, each side's best time, and bf16's time over fp32's (above 1: bf16 is slower there).
 Each rate is printed beside its precision's matmul rate; targets: a bf16 reading >= 60% of the bf16 matmul rate, a
 bf16 training step >= 45%. The last line printed is JSON.
 
@@ -134,15 +135,16 @@ SHOWCASE = {"task": {"name": "sudoku", "size": 4, "blanks": [8, 12], "n_train": 
                       "conv": False, "pos": "rope", "swiglu_multiple": 256, "init": "trunc_lecun",
                       "init_states": "fixed", "head_norm": False, "puzzle_prefix": 16, "q_head": True},
             "train": {"batch_size": 64, "optimizer": "adam_atan2", "lr": 0.003, "warmup": 30, "n_sup": 4,
-                      "act": "no_continue", "loss": "stablemax", "ema": 0.98, "log_every": 10}}
+                      "act": "no_continue", "loss": "stablemax", "ema": 0.98, "log_every": 10,
+                      "threads": 1}}  # as the showcase's trials run: one thread each, two trials at a time
 
 
-def showcase_times(folder: Path, dtype: str, layers: int = 1200, steps: int = 40) -> dict:
+def showcase_times(folder: Path, dtype: str, run: int = 0, layers: int = 1200, steps: int = 40) -> dict:
     """The showcase's size through `loopstudy trial`: the stored reading's rollout_s per sample, and the mean of the
     stored training curve's seconds (one ACT step each, logged every 10th)."""
     import polars as pl
 
-    store = trial_store(folder / f"showcase_{dtype}", {
+    store = trial_store(folder / f"showcase_{dtype}_{run}", {
         **SHOWCASE, "train": {**SHOWCASE["train"], "steps": steps, "dtype": dtype},
         "eval": {"depths": [layers], "batch_size": 64, "dtype": dtype}})
     row = pl.from_arrow(store.read("depth_eval", "adhoc")).filter(pl.col("difficulty").is_null()).row(0, named=True)
@@ -184,7 +186,11 @@ def main() -> None:
                   f"of the {dtype} matmul rate", flush=True)
     if not args.skip_showcase:
         with tempfile.TemporaryDirectory() as tmp:
-            got = {dtype: showcase_times(Path(tmp), dtype) for dtype in ("fp32", "bf16")}
+            # fp32, bf16, bf16, fp32: a slow stretch of a shared machine falls on both; each side's best counts
+            runs = [(dtype, showcase_times(Path(tmp), dtype, i))
+                    for i, dtype in enumerate(("fp32", "bf16", "bf16", "fp32"))]
+            got = {dtype: {k: min(r[k] for d, r in runs if d == dtype) for k in runs[0][1]}
+                   for dtype in ("fp32", "bf16")}
         out["showcase"] = {**got, "bf16_over_fp32": {k: got["bf16"][k] / got["fp32"][k] for k in got["fp32"]}}
         ratio = out["showcase"]["bf16_over_fp32"]
         print(f"showcase size (hidden 64, 4x4): bf16 takes {ratio['reading_s_per_sample']:.2f}x fp32's time to "
