@@ -111,10 +111,10 @@ BENCHES = [
           "(batch 32), each as a share of its precision's matmul rate measured in the same run; and both at the CPU "
           "showcase's size (hidden 64, 4x4)",
           "bf16 reading >= 60%; bf16 training >= 45%",
-          lambda r: f"reading bf16 **{100 * r['reading']['bf16']['of_matmul']:.0f}%** of "
+          lambda r: f"reading bf16 **{100 * r['reading']['bf16']['of_matmul']:.1f}%** of "
                     f"{r['matmul_gflops']['bf16']:.0f} GFLOP/s (fp32 {100 * r['reading']['fp32']['of_matmul']:.0f}% "
                     f"of {r['matmul_gflops']['fp32']:.0f}); training bf16 "
-                    f"**{100 * r['training']['bf16']['of_matmul']:.0f}%** (fp32 "
+                    f"**{100 * r['training']['bf16']['of_matmul']:.1f}%** (fp32 "
                     f"{100 * r['training']['fp32']['of_matmul']:.0f}%); at the showcase's size bf16 takes "
                     f"{r['showcase']['bf16_over_fp32']['reading_s_per_sample']:.2f}x fp32's time to read, "
                     f"{r['showcase']['bf16_over_fp32']['training_s_per_step']:.2f}x to train"),
