@@ -1,9 +1,9 @@
 """Benchmark: one rollout with readings at five depths vs a rollout to the deepest depth alone (same run).
 
 Both go through study.evaluate.evaluate on the same random-weight model and test set. After an untimed warm-up
-of each, each of --repeats rounds
-times the two back to back, in alternating order (so a slow stretch of a shared machine falls on both sides), and
-the ratio is the median of the rounds' ratios; each side's best time and the ratio of those are printed beside it.
+of each, each of --repeats rounds times the two back to back, in alternating order (so a slow stretch of a shared
+machine falls on both sides), and the ratio is the median of the rounds' ratios; each side's best time and the
+ratio of those are printed beside it.
 Target: ratio <= 1.05. The last line printed is JSON.
 """
 

@@ -259,12 +259,12 @@ class NestedReasoner(Reasoner):
             # model.inner_grad_steps: only the last inner steps keep gradient (HRM's one-step gradient: 1)
             with torch.set_grad_enabled(grad_on and i >= L - graded):
                 # From the second inner step on, `inner` is this loop's own: the step may overwrite it.
-                if grad_on:
-                    inner = self.carry_inner.step(inner, self.block(inp), eta, in_place=i > 0)
-                else:  # a reading: the rule may write the next input in the pass that writes its state
-                    inner, inp = self.carry_inner.step_and_input(inner, self.block(inp), addend, eta, in_place=i > 0)
-            if grad_on:  # the sum keeps its gradient to y and x even where the step above has none
-                inp = inner.h + addend
+                z = self.block(inp)
+                if not grad_on:  # a reading: the rule may write the next input in the pass that writes its state
+                    inner, inp = self.carry_inner.step_and_input(inner, z, addend, eta, in_place=i > 0)
+                    continue
+                inner = self.carry_inner.step(inner, z, eta, in_place=i > 0)
+            inp = inner.h + addend  # (outside: the sum keeps its gradient to y and x where the step has none)
         cand = (self.h_block if self.h_block is not None else self.block)(inp)
         residual = relative_residual(y, cand, self.cfg.halting.eps)
         outer = self.carry_outer.step(state.outer, cand, eta)
