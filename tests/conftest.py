@@ -79,12 +79,12 @@ DASHBOARD_PORT = "8266"
 
 
 @pytest.fixture(scope="session", autouse=True)
-def infiloop_kernel_built():
-    """InfiLoop's fused CPU step built once, before any test (on a fresh machine it takes ~30 s), so no trial's
-    worker builds it while a test waits on that trial."""
-    from study.models.infiloop_kernel import kernel
+def cpu_kernels_built():
+    """The fused CPU kernels built once, before any test (on a fresh machine it takes ~30 s), so no trial's worker
+    builds them while a test waits on that trial."""
+    from study.models.cpu_kernels import module
 
-    kernel()
+    module()
 
 
 def local_cluster(*args: str) -> str:

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from study.config import ModelConfig
+from study.models.rope_kernel import fused_rope_qk
 
 RMS_EPS = 1e-5  # every RMSNorm of the model (the block's, the head's, the carry rules' scores)
 
@@ -92,10 +93,12 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, S, D = x.shape
-        q, k, v = self.qkv(x).view(B, S, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)
+        qkv = self.qkv(x)
+        q, k, v = qkv.view(B, S, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)
         if self.rope:
             cos, sin = self.rope_tables(S, D // self.heads, x.device)
-            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+            fused = fused_rope_qk(qkv, cos, sin, self.heads)  # a reading on the CPU: one pass, rotate's bits
+            q, k = fused if fused is not None else (rotate(q, cos, sin), rotate(k, cos, sin))
         if torch.is_grad_enabled() and x.device.type == "cpu" and (  # a reading's no-grad step leaves at the first test
                 v.dtype == torch.bfloat16 or torch.is_autocast_enabled("cpu")):
             # PyTorch's bf16 attention backward on the CPU takes several times float32's (at the showcase's size:

@@ -1,4 +1,4 @@
-// One InfiLoop step fused into one CPU pass per token (methods.md section 3); loaded by infiloop_kernel.py.
+// One InfiLoop step fused into one CPU pass per token (methods.md section 3); called through infiloop_kernel.py.
 //
 // Eager PyTorch spends about 13 small kernels on this step, each paying a fixed dispatch cost that dwarfs its work
 // at the model's sizes. Here every row (one token's d-vector) is read once: the content score, the log-space
@@ -10,11 +10,11 @@
 // which spares a whole widened copy of z per layer.
 // With an addend (a reading: the next block's input is the new state plus the addend), the step also writes that
 // sum, rounded to z's dtype (the block's), from the same pass: as `(h + addend).to(z.dtype)` computes it, bit for bit.
-#include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/Parallel.h>
-#include <torch/extension.h>
+
+#include "cpu_kernels.h"
 
 #include <algorithm>
 #include <cmath>
@@ -23,6 +23,7 @@
 #include <optional>
 #include <tuple>
 
+namespace loopstudy {
 namespace {
 
 template <typename T, typename Z = T, typename A = T>
@@ -71,27 +72,6 @@ inline float log1p_unit(float t) {
 
 inline double exp_nonpositive(double x) { return std::exp(x); }
 inline double log1p_unit(double t) { return std::log1p(t); }
-
-// bf16 -> float32 exactly: the 16 bits are float32's top half.
-inline float widen(at::BFloat16 v) {
-  const uint32_t bits = static_cast<uint32_t>(v.x) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-inline float widen(float v) { return v; }
-inline double widen(double v) { return v; }
-
-// float32 -> bf16 as PyTorch rounds it (c10's round_to_nearest_even): to nearest, ties to even; NaN to 0x7FC0.
-inline at::BFloat16 narrow(float v, at::BFloat16*) {
-  uint32_t bits;
-  std::memcpy(&bits, &v, sizeof bits);
-  at::BFloat16 out;
-  out.x = std::isnan(v) ? uint16_t{0x7FC0} : static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
-  return out;
-}
-inline float narrow(float v, float*) { return v; }
-inline double narrow(double v, double*) { return v; }
 
 // q . z and z . z of one row. The float version keeps its partial sums in registers and folds them with shuffles:
 // the compiler's own reduction spills its accumulators to the stack and reads them back lane by lane, which cost
@@ -204,6 +184,8 @@ void step_rows(const Rows<T, Z, A>& p, int64_t begin, int64_t end) {
   for (int64_t b = begin; b < end; b += block) step_block(p, b, std::min(b + block, end));
 }
 
+}  // namespace
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> infiloop_step(
     const at::Tensor& h_prev, const at::Tensor& log_d_prev, const at::Tensor& z, const std::optional<at::Tensor>& q,
     const at::Tensor& log_beta, double clip, double eps, bool in_place, const std::optional<at::Tensor>& addend) {
@@ -271,12 +253,4 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> infiloop_
   return {h, log_d, gamma, score, next};
 }
 
-}  // namespace
-
-// A Python module of one function: a direct call costs a few microseconds less than a registered torch op's
-// boxed dispatch, which matters at one call per layer.
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("infiloop_step", &infiloop_step,
-        "One InfiLoop step: (h, log D, gamma, score, next); in_place: h and log D written over h_prev and log_d_prev; "
-        "next: h + addend in z's dtype (None without an addend)");
-}
+}  // namespace loopstudy
