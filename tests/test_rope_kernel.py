@@ -78,3 +78,24 @@ def test_a_reading_through_the_fused_pass_is_bitwise_the_eager_one(dtype, monkey
         runs.append(seen)
     for (fi, fo), (ei, eo) in zip(*runs, strict=True):
         assert torch.equal(fi, ei) and torch.equal(fo, eo)
+
+
+def test_a_compiled_reading_step_is_one_graph_the_fused_kernels_step_aside():
+    """eval.compile: under torch.compile the fused kernels (RoPE's, and InfiLoop's step) leave the eager ops to the
+    compiler, so an InfiLoop TRM-Att step compiles as one graph (a call out of it would break the graph)."""
+    from study.config import CarryConfig, ModelConfig
+    from study.models import build_reasoner
+    from study.models.precision import reading_model
+    from study.tasks import TaskSpec
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(hidden=32, heads=4, n_layers=1, H=2, L=2, norm="post", conv=False, pos="rope",
+                      init="trunc_lecun", init_states="fixed", head_norm=False, puzzle_prefix=4, q_head=True,
+                      carry=CarryConfig(rule="infiloop", placement="both"))
+    model = reading_model(build_reasoner(cfg, TaskSpec("sudoku", 6, 16, (4, 4))).eval(), "cpu", "fp32")
+    tokens = torch.randint(0, 6, (3, 16))
+    with torch.no_grad():
+        x = model.embed(tokens)
+        want = model.step(model.init_state(x), x)
+        got = torch.compile(model.step, fullgraph=True)(model.init_state(x), x)
+    torch.testing.assert_close(got.outer.h, want.outer.h, atol=1e-4, rtol=1e-4)
