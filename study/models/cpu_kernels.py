@@ -62,7 +62,9 @@ def _cpu_flags() -> str:
 
 
 def _library_path() -> Path:
-    tag = f"{torch.__version__}|{platform.python_version()}|{platform.machine()}|{_cpu_flags()}|{SOURCES}"
+    # the sources by name and content, not by path: every checkout of the same code shares one library
+    flags = {source.name: flags for source, flags in SOURCES.items()}
+    tag = f"{torch.__version__}|{platform.python_version()}|{platform.machine()}|{_cpu_flags()}|{flags}"
     digest = hashlib.sha256(tag.encode() + HEADER.read_bytes())
     for source in SOURCES:
         digest.update(source.read_bytes())
